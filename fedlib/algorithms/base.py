@@ -1,0 +1,146 @@
+"""The interface every federated algorithm implements, once, for both engine paths.
+
+Following fedjax's ``for_each_client(client_init, client_step, client_final)`` split, a
+client's local training is three *pure* functions of tensors (no Python branching on
+tensor values, no in-place updates), so the engine can run them one client at a time
+(the reference path) or over a stacked client dimension with ``torch.func.vmap``:
+
+* ``client_init(cstate, ctx) -> sstate``: the local training state at the start of a round;
+* ``client_step(sstate, batch, cstate, ctx) -> sstate``: one SGD step on one minibatch;
+* ``client_final(sstate, cstate, ctx) -> (upload, new_cstate, metrics)``.
+
+The server side is ``server_update(gparams, server_state, uploads, weights, ctx)``,
+where ``uploads`` are stacked over the round's clients. ``ctx`` carries the round number,
+the global parameters and this round's hyperparameters (from ``hyper(t)``).
+
+A minibatch is a dict ``x, y, w`` (and ``drop`` when dropout is on): padded to the batch
+size, ``w`` is 1 for real samples and 0 for padding, so the loss is the mean over the
+real samples and clients of unequal size are exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad_and_value
+
+from fedlib.config import Config
+from fedlib.tree import Tree, tmap
+
+Params = dict[str, torch.Tensor]
+
+
+@dataclass
+class RoundContext:
+    """What every client (and the server) sees in round ``t``; not batched over clients."""
+
+    t: int
+    gparams: Params
+    hyper: dict[str, float]
+
+
+def weighted_mean(values: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` over real samples (``w`` = 1) of a padded batch."""
+    return (values * w).sum() / w.sum().clamp_min(1.0)
+
+
+def sgd_update(params: Params, mom: Params, grads: Params, lr: float, momentum: float,
+               weight_decay: float) -> tuple[Params, Params]:
+    """``torch.optim.SGD`` (dampening 0, no Nesterov) as a pure function.
+
+    With zero-initialised buffers this equals PyTorch's first step (buffer = gradient).
+    """
+    d = tmap(lambda g, p: g + weight_decay * p, grads, params) if weight_decay else grads
+    new_mom = tmap(lambda b, g: momentum * b + g, mom, d)
+    new_params = tmap(lambda p, b: p - lr * b, params, new_mom)
+    return new_params, new_mom
+
+
+class Algorithm:
+    """Base class: FedAvg's client (local SGD) and a sample-weighted server average.
+
+    Subclasses override the pieces that differ (a loss term, a gradient correction, the
+    client state, the server step) and say in their docstring which paper and equations
+    they implement.
+    """
+
+    name: ClassVar[str] = "base"
+
+    def __init__(self, config: Config, model: nn.Module):
+        self.config = config
+        self.model = model
+
+    # ---- per-round hyperparameters (host side) -------------------------------------
+    def hyper(self, t: int) -> dict[str, float]:
+        c = self.config
+        return {"lr": c.lr, "momentum": c.momentum, "weight_decay": c.weight_decay}
+
+    # ---- state ------------------------------------------------------------------------
+    def init_server_state(self, gparams: Params) -> Tree:
+        return {}
+
+    def init_client_state(self, gparams: Params) -> Tree:
+        """State of one client kept across rounds (stacked over all clients by the engine)."""
+        return {}
+
+    # ---- client (pure) ----------------------------------------------------------------
+    def client_init(self, cstate: Tree, ctx: RoundContext) -> Tree:
+        params = tmap(torch.clone, ctx.gparams)
+        return {"params": params, "mom": tmap(torch.zeros_like, params),
+                "steps": torch.zeros(()), "loss_sum": torch.zeros(())}
+
+    def forward(self, params: Params, batch: dict[str, torch.Tensor], return_repr: bool = False):
+        kwargs = {"return_repr": return_repr}
+        if "drop" in batch:
+            kwargs["dropout_mask"] = batch["drop"]
+        return functional_call(self.model, params, (batch["x"],), kwargs)
+
+    def loss(self, params: Params, batch: dict[str, torch.Tensor], sstate: Tree, cstate: Tree,
+             ctx: RoundContext) -> torch.Tensor:
+        logits = self.forward(params, batch)
+        return weighted_mean(F.cross_entropy(logits, batch["y"], reduction="none"), batch["w"])
+
+    def correct_grad(self, grads: Params, sstate: Tree, cstate: Tree, ctx: RoundContext) -> Params:
+        """Hook for gradient corrections (SCAFFOLD); identity here."""
+        return grads
+
+    def client_step(self, sstate: Tree, batch: dict[str, torch.Tensor], cstate: Tree,
+                    ctx: RoundContext) -> Tree:
+        grads, loss = grad_and_value(self.loss)(sstate["params"], batch, sstate, cstate, ctx)
+        grads = self.correct_grad(grads, sstate, cstate, ctx)
+        h = ctx.hyper
+        params, mom = sgd_update(sstate["params"], sstate["mom"], grads,
+                                 h["lr"], h["momentum"], h["weight_decay"])
+        return {**sstate, "params": params, "mom": mom, "steps": sstate["steps"] + 1,
+                "loss_sum": sstate["loss_sum"] + loss.detach()}
+
+    def client_final(self, sstate: Tree, cstate: Tree, ctx: RoundContext) -> tuple[Tree, Tree, Tree]:
+        delta = tmap(torch.sub, sstate["params"], ctx.gparams)
+        metrics = {"train_loss": sstate["loss_sum"] / sstate["steps"].clamp_min(1.0),
+                   "steps": sstate["steps"]}
+        return {"delta": delta}, cstate, metrics
+
+    # ---- server -----------------------------------------------------------------------
+    def server_update(self, gparams: Params, server_state: Tree, uploads: Tree,
+                      weights: torch.Tensor, ctx: RoundContext) -> tuple[Params, Tree]:
+        """``w <- w + server_lr * sum_i p_i delta_i`` with ``p_i = n_i / sum_j n_j``."""
+        p = weights / weights.sum()
+        avg = tmap(lambda d: torch.tensordot(p.to(d.dtype), d, dims=1), uploads["delta"])
+        lr = self.config.server_lr
+        return tmap(lambda w, d: w + lr * d, gparams, avg), server_state
+
+    def upload_bytes(self, upload: Tree) -> int:
+        """Bytes one client sends (dense float32 by default)."""
+        from fedlib.tree import numel
+        return 4 * numel(upload)
+
+    # ---- declared needs ---------------------------------------------------------------
+    def uses_dropout(self) -> bool:
+        return self.config.dropout > 0
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name}

