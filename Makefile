@@ -1,0 +1,52 @@
+# The two commands of the README: `make book` and `make test`. Both set everything up.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PROFILE ?= quick
+DATA_STAMP := data/raw/.fetched
+
+.PHONY: book test notebooks data venv bench lint clean help
+
+help:
+	@echo "make book   - set up, fetch data, execute every notebook (PROFILE=$(PROFILE)), build the HTML book"
+	@echo "make test   - set up, fetch data, run the test suite"
+	@echo "make bench  - engine benchmark"
+
+# ---- environment: a venv with the pinned requirements --------------------------------
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.txt 2>&1 | grep -v "is ignored: it is neither" || true
+	$(PY) -c "import torch, torchvision, dp_accounting, papermill, jupyter_book"
+	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (fedlib)" >/dev/null
+	touch $@
+
+venv: $(STAMP)
+
+# ---- data ---------------------------------------------------------------------------
+$(DATA_STAMP): $(STAMP)
+	$(PY) -m fedlib data fashionmnist mnist
+	touch $@
+
+data: $(DATA_STAMP)
+
+# ---- book -----------------------------------------------------------------------------
+notebooks: $(DATA_STAMP)
+	$(PY) -m fedlib.notebooks --profile $(PROFILE)
+
+book: notebooks
+	$(VENV)/bin/jupyter-book build -W -n --keep-going book/
+	@echo "book: $(CURDIR)/book/_build/html/index.html"
+
+# ---- tests ------------------------------------------------------------------------------
+test: $(DATA_STAMP)
+	$(VENV)/bin/ruff check fedlib tests
+	$(PY) -m pytest
+
+bench: $(DATA_STAMP)
+	$(PY) -m fedlib.bench
+
+clean:
+	rm -rf book/_build book/chapters/*.ipynb
