@@ -46,7 +46,7 @@ test: $(DATA_STAMP)
 	$(PY) -m pytest
 
 bench: $(DATA_STAMP)
-	$(PY) -m fedlib.bench
+	$(PY) -m fedlib.bench --json
 
 clean:
 	rm -rf book/_build book/chapters/*.ipynb

@@ -19,8 +19,12 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(Config):
         opt = "--" + f.name.replace("_", "-")
         kind = type(f.default)
-        p.add_argument(opt, dest=f.name, type=kind, default=argparse.SUPPRESS,
-                       help=f"{f.metadata['help']} (default: {f.default})")
+        helptext = f"{f.metadata['help']} (default: {f.default})"
+        if kind is bool:
+            p.add_argument(opt, dest=f.name, action=argparse.BooleanOptionalAction,
+                           default=argparse.SUPPRESS, help=helptext)
+        else:
+            p.add_argument(opt, dest=f.name, type=kind, default=argparse.SUPPRESS, help=helptext)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,6 +57,32 @@ class Config:
     weight_decay: float = _param(0.0, "client SGD weight decay")
     server_lr: float = _param(1.0, "server learning rate applied to the averaged update")
     dropout: float = _param(0.0, "dropout probability on the representation (cnn model)")
+    # ---- algorithm-specific (each used only by the algorithms that name it) ----------
+    prox_mu: float = _param(0.01, "FedProx: weight mu of the proximal term mu/2 ||w - w_global||^2")
+    feddyn_alpha: float = _param(0.01, "FedDyn: regularisation alpha")
+    moon_mu: float = _param(0.01, "MOON: weight mu of the model-contrastive loss (MOON-DPAP: best 0.01)")
+    moon_tau: float = _param(0.5, "MOON: temperature tau of the contrastive loss")
+    projection_dim: int = _param(64, "MOON/MOON-DPAP: output size of the projection head (0 = none)")
+    ditto_lambda: float = _param(0.1, "Ditto: weight lambda pulling the personal model to the global one")
+    # ---- MOON-DPAP components (switches for the ablation) ---------------------------------
+    cosine_lr: bool = _param(False, "cosine-annealed client lr from lr to lr_min (MOON-DPAP eq. 1)")
+    lr_min: float = _param(0.0, "eta_min of the cosine schedule")
+    tau_min: float = _param(0.1, "MOON-DPAP eq. 2: temperature decreases from moon_tau to tau_min")
+    mu_max: float = _param(0.05, "MOON-DPAP eq. 3: contrastive weight grows from moon_mu to mu_max")
+    schedule_ramp: float = _param(0.5, "fraction of rounds over which tau and mu reach their end values")
+    prune: bool = _param(False, "magnitude pruning with a linearly growing threshold (eq. 6, 7)")
+    prune_t_min: float = _param(0.0, "pruning threshold at round 0 (eq. 7 T_min)")
+    prune_t_max: float = _param(0.01, "pruning threshold at the last round (eq. 7 T_max)")
+    # ---- client-level differential privacy (MOON-DPAP; later DP-FedAvg) --------------------
+    dp: str = _param("none", "none, central (server adds noise to the sum) or local (each client adds noise)")
+    dp_clip: float = _param(0.5, "L2 clip norm C of each client's model update")
+    dp_epsilon: float = _param(1.0, "per-round epsilon_0 (schedule 'paper') or total target "
+                               "(schedule 'constant')")
+    dp_delta: float = _param(1e-5, "delta per round (paper) / of the whole run (constant)")
+    dp_schedule: str = _param("paper", "paper: epsilon(t) = epsilon_0 (1 - t/T) (eq. 5); "
+                              "constant: fixed noise calibrated to a total epsilon")
+    dp_eps_floor: float = _param(0.0, "paper schedule: lower bound on epsilon(t), "
+                                 "as a fraction of epsilon_0")
     train_samples: int = _param(0, "use a stratified subset of this many training samples (0 = all)")
     test_samples: int = _param(0, "evaluate on this many test samples (0 = all)")
     eval_every: int = _param(1, "evaluate the global model every k rounds (and at the end)")
@@ -148,6 +174,31 @@ class Config:
             errs.append(f"weight_decay must be >= 0, got {self.weight_decay}")
         if not 0 <= self.dropout < 1:
             errs.append(f"dropout must be in [0, 1), got {self.dropout}")
+        for name in ("prox_mu", "feddyn_alpha", "moon_mu", "ditto_lambda", "lr_min", "prune_t_min",
+                     "dp_eps_floor"):
+            if getattr(self, name) < 0:
+                errs.append(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.moon_tau > 0 or not self.tau_min > 0:
+            errs.append("moon_tau and tau_min must be > 0")
+        if self.projection_dim < 0:
+            errs.append(f"projection_dim must be >= 0, got {self.projection_dim}")
+        if not 0 < self.schedule_ramp <= 1:
+            errs.append(f"schedule_ramp must be in (0, 1], got {self.schedule_ramp}")
+        if self.prune_t_max < self.prune_t_min:
+            errs.append("prune_t_max must be >= prune_t_min")
+        if self.lr_min > self.lr:
+            errs.append(f"lr_min ({self.lr_min}) must not exceed lr ({self.lr})")
+        if self.dp not in ("none", "central", "local"):
+            errs.append(f"dp must be none, central or local, got {self.dp!r}")
+        if self.dp != "none":
+            if not self.dp_clip > 0:
+                errs.append(f"dp_clip must be > 0, got {self.dp_clip}")
+            if not self.dp_epsilon > 0:
+                errs.append(f"dp_epsilon must be > 0, got {self.dp_epsilon}")
+            if not 0 < self.dp_delta < 1:
+                errs.append(f"dp_delta must be in (0, 1), got {self.dp_delta}")
+            if self.dp_schedule not in ("paper", "constant"):
+                errs.append(f"dp_schedule must be paper or constant, got {self.dp_schedule!r}")
         if self.seed < 0:
             errs.append(f"seed must be >= 0, got {self.seed}")
         if self.dataset in DATASET_SIZES:

@@ -17,7 +17,42 @@ import torch.nn.functional as F
 from torch import nn
 
 
-class MoonDpapCNN(nn.Module):
+class _CNN(nn.Module):
+    """Shared forward: ``features`` -> ReLU(fc1) (the representation) -> [dropout] -> fc2.
+
+    With ``proj_dim > 0`` a projection head (MLP ``repr -> repr -> proj_dim``, as in MOON,
+    Li et al. CVPR 2021) maps the representation to the vector MOON contrasts; it does not
+    feed the classifier.
+    """
+
+    repr_dim: int
+
+    def __init__(self, dropout: float):
+        super().__init__()
+        self.dropout = dropout
+        self.proj: nn.Module | None = None
+
+    def _add_projection_head(self, proj_dim: int) -> None:
+        """Created after the other layers, so the backbone's initialisation at a given seed
+        is the same with or without the head."""
+        if proj_dim:
+            self.proj = nn.Sequential(nn.Linear(self.repr_dim, self.repr_dim), nn.ReLU(),
+                                      nn.Linear(self.repr_dim, proj_dim))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError  # defined by each network below
+
+    def forward(self, x: torch.Tensor, dropout_mask: torch.Tensor | None = None,
+                return_repr: bool = False):
+        rep = F.relu(self.fc1(self.features(x).flatten(1)))
+        z = rep if dropout_mask is None else rep * dropout_mask / (1.0 - self.dropout)
+        logits = self.fc2(z)
+        if not return_repr:
+            return logits
+        return logits, (self.proj(rep) if self.proj is not None else rep)
+
+
+class MoonDpapCNN(_CNN):
     """CNN of MOON-DPAP (Su, ICDSE 2025, Sec. 4.1): two conv layers, one max-pool, two
     fully connected layers, ReLU after each hidden layer, optional dropout.
 
@@ -28,55 +63,43 @@ class MoonDpapCNN(nn.Module):
 
     repr_dim = 128
 
-    def __init__(self, num_classes: int = 10, dropout: float = 0.0):
-        super().__init__()
-        self.dropout = dropout
+    def __init__(self, num_classes: int = 10, dropout: float = 0.0, proj_dim: int = 0):
+        super().__init__(dropout)
         self.conv1 = nn.Conv2d(1, 16, 5)
         self.conv2 = nn.Conv2d(16, 32, 5)
         self.fc1 = nn.Linear(32 * 10 * 10, self.repr_dim)
         self.fc2 = nn.Linear(self.repr_dim, num_classes)
+        self._add_projection_head(proj_dim)
 
-    def forward(self, x: torch.Tensor, dropout_mask: torch.Tensor | None = None,
-                return_repr: bool = False):
-        h = F.relu(self.conv1(x))
-        h = F.max_pool2d(F.relu(self.conv2(h)), 2)
-        rep = F.relu(self.fc1(h.flatten(1)))
-        z = rep if dropout_mask is None else rep * dropout_mask / (1.0 - self.dropout)
-        logits = self.fc2(z)
-        return (logits, rep) if return_repr else logits
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
 
 
-class McMahanCNN(nn.Module):
+class McMahanCNN(_CNN):
     """MNIST CNN of McMahan et al. (AISTATS 2017, Sec. 3): 5x5 conv 32 and 64 channels
     ('same' padding), each followed by 2x2 max-pooling, FC 512 with ReLU, softmax output;
     1,663,370 parameters. Used by FDL (Cheng)."""
 
     repr_dim = 512
 
-    def __init__(self, num_classes: int = 10, dropout: float = 0.0):
-        super().__init__()
-        self.dropout = dropout
+    def __init__(self, num_classes: int = 10, dropout: float = 0.0, proj_dim: int = 0):
+        super().__init__(dropout)
         self.conv1 = nn.Conv2d(1, 32, 5, padding=2)
         self.conv2 = nn.Conv2d(32, 64, 5, padding=2)
         self.fc1 = nn.Linear(64 * 7 * 7, self.repr_dim)
         self.fc2 = nn.Linear(self.repr_dim, num_classes)
+        self._add_projection_head(proj_dim)
 
-    def forward(self, x: torch.Tensor, dropout_mask: torch.Tensor | None = None,
-                return_repr: bool = False):
-        h = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        h = F.max_pool2d(F.relu(self.conv2(h)), 2)
-        rep = F.relu(self.fc1(h.flatten(1)))
-        z = rep if dropout_mask is None else rep * dropout_mask / (1.0 - self.dropout)
-        logits = self.fc2(z)
-        return (logits, rep) if return_repr else logits
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return F.max_pool2d(F.relu(self.conv2(F.max_pool2d(F.relu(self.conv1(x)), 2))), 2)
 
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {"cnn": MoonDpapCNN, "mcmahan_cnn": McMahanCNN}
 
 
-def build_model(name: str, num_classes: int = 10, dropout: float = 0.0) -> nn.Module:
+def build_model(name: str, num_classes: int = 10, dropout: float = 0.0, proj_dim: int = 0) -> nn.Module:
     try:
-        return MODEL_CLASSES[name](num_classes=num_classes, dropout=dropout)
+        return MODEL_CLASSES[name](num_classes=num_classes, dropout=dropout, proj_dim=proj_dim)
     except KeyError:
         raise ValueError(f"unknown model {name!r}; choose from {list(MODEL_CLASSES)}") from None
 

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from fedlib import data as data_mod
 from fedlib.algorithms import ALGORITHMS, Algorithm, RoundContext
 from fedlib.config import Config
-from fedlib.engine import PATHS, default_path, make_plan, run_clients
+from fedlib.engine import PATHS, Executor, default_path, make_plan
 from fedlib.models import build_model
 from fedlib.partition import partition
 from fedlib.results import (
@@ -58,9 +58,13 @@ def init_params(config: Config, model: nn.Module) -> dict[str, torch.Tensor]:
     """Seeded initial global parameters (does not touch the global RNG)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        fresh = build_model(config.model, dropout=config.dropout)
+        fresh = build_model(config.model, dropout=config.dropout, proj_dim=projection_dim(config))
     model.load_state_dict(fresh.state_dict())
     return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def projection_dim(config: Config) -> int:
+    return config.projection_dim if ALGORITHMS[config.algorithm].uses_projection_head else 0
 
 
 def sample_clients(config: Config, t: int) -> list[int]:
@@ -80,7 +84,8 @@ class Experiment:
         self.data = data_mod.load(config.dataset, train_samples=config.train_samples,
                                   test_samples=config.test_samples, seed=config.seed, device=device)
         self.parts = partition(self.data.y_train.cpu().numpy(), config)
-        self.model = build_model(config.model, dropout=config.dropout).to(device)
+        self.model = build_model(config.model, dropout=config.dropout,
+                                 proj_dim=projection_dim(config)).to(device)
         self.algo: Algorithm = ALGORITHMS[config.algorithm](config, self.model)
         self.gparams = tmap(lambda p: p.to(device), init_params(config, self.model))
         self.server_state = self.algo.init_server_state(self.gparams)
@@ -97,7 +102,7 @@ class Experiment:
         self.server_state = tmap(lambda t: t.to(self.device), d["server_state"])
         self.client_states = tmap(lambda t: t.to(self.device), d["client_states"])
 
-    def round(self, t: int, path: str) -> dict[str, float]:
+    def round(self, t: int, executor: Executor) -> dict[str, float]:
         """One global round; returns its training metrics."""
         c, algo = self.config, self.algo
         selected = sample_clients(c, t)
@@ -106,18 +111,43 @@ class Experiment:
                          epochs=c.local_epochs, seed=c.seed, round_=t, device=self.device,
                          dropout=c.dropout if algo.uses_dropout() else 0.0,
                          repr_dim=getattr(self.model, "repr_dim", 0))
-        ctx = RoundContext(t, self.gparams, algo.hyper(t))
+        ctx = RoundContext(t, self.gparams, algo.hyper(t), algo.broadcast(self.server_state))
         cstates = tmap(lambda s: s[sel], self.client_states)
-        uploads, new_cstates, metrics = run_clients(path, algo, self.data.x_train, self.data.y_train,
-                                                    plan, cstates, ctx)
+        uploads, new_cstates, metrics = executor.run(plan, cstates, ctx)
+        uploads = algo.privatize(uploads, selected, ctx)
         self.client_states = tmap(lambda all_, new: all_.index_copy(0, sel, new),
                                   self.client_states, new_cstates)
         self.gparams, self.server_state = algo.server_update(self.gparams, self.server_state,
                                                              uploads, self.sizes[sel], ctx)
         up = sum(algo.upload_bytes(tmap(lambda u, i=i: u[i], uploads)) for i in range(len(selected)))
         down = len(selected) * 4 * sum(p.numel() for p in self.gparams.values())
-        return {"train_loss": float((metrics["train_loss"] * self.sizes[sel]).sum() / self.sizes[sel].sum()),
-                "clients": len(selected), "bytes_up": int(up), "bytes_down": int(down)}
+        weights = self.sizes[sel] / self.sizes[sel].sum()
+        rec = {"train_loss": float((metrics["train_loss"] * weights).sum()),
+               "clients": len(selected), "bytes_up": int(up), "bytes_down": int(down)}
+        rec.update(algo.round_metrics(self.server_state, ctx))
+        return rec
+
+
+def _train(exp: Experiment, executor: Executor, bar, history: list[dict], ckpt: Path,
+           checkpoint_every: int) -> list[dict]:
+    config = exp.config
+    for t in bar:
+        t0 = time.time()
+        rec = {"round": t + 1, **exp.round(t, executor)}
+        rec["wall_s"] = time.time() - t0
+        if (t + 1) % config.eval_every == 0 or t + 1 == config.rounds:
+            t1 = time.time()
+            rec["test_acc"], rec["test_loss"] = evaluate(exp.model, exp.gparams,
+                                                         exp.data.x_test, exp.data.y_test)
+            rec.update(exp.algo.extra_metrics(exp))
+            rec["eval_s"] = time.time() - t1
+            bar.set_postfix(acc=f"{rec['test_acc']:.4f}", loss=f"{rec['test_loss']:.3f}")
+        else:
+            rec["test_acc"] = rec["test_loss"] = None
+        history.append(rec)
+        if (t + 1) % checkpoint_every == 0 and t + 1 < config.rounds:
+            atomic_torch_save({"state": exp.state_dict(), "history": history, "next_round": t + 1}, ckpt)
+    return history
 
 
 def run(config: Config, *, engine: str = "auto", device: str | torch.device | None = None,
@@ -125,7 +155,8 @@ def run(config: Config, *, engine: str = "auto", device: str | torch.device | No
         progress: bool = True) -> Result:
     """Run ``config`` (or load it from the cache) and return its :class:`Result`.
 
-    ``engine``: ``auto`` (vectorized on a GPU, sequential on a CPU), ``sequential`` or
+    ``engine``: ``auto`` (vectorized on a GPU; on a CPU parallel worker processes when
+    there are two or more cores, else sequential), ``sequential``, ``parallel`` or
     ``vectorized``; the choice does not change the result beyond float rounding.
     """
     config.validate()
@@ -153,21 +184,8 @@ def run(config: Config, *, engine: str = "auto", device: str | torch.device | No
 
     bar = tqdm(range(first_round, config.rounds), desc=f"{config.algorithm} ({path}, {dev.type})",
                unit="round", disable=not progress, initial=first_round, total=config.rounds)
-    for t in bar:
-        t0 = time.time()
-        rec = {"round": t + 1, **exp.round(t, path)}
-        rec["wall_s"] = time.time() - t0
-        if (t + 1) % config.eval_every == 0 or t + 1 == config.rounds:
-            t1 = time.time()
-            rec["test_acc"], rec["test_loss"] = evaluate(exp.model, exp.gparams,
-                                                         exp.data.x_test, exp.data.y_test)
-            rec["eval_s"] = time.time() - t1
-            bar.set_postfix(acc=f"{rec['test_acc']:.4f}", loss=f"{rec['test_loss']:.3f}")
-        else:
-            rec["test_acc"] = rec["test_loss"] = None
-        history.append(rec)
-        if (t + 1) % checkpoint_every == 0 and t + 1 < config.rounds:
-            atomic_torch_save({"state": exp.state_dict(), "history": history, "next_round": t + 1}, ckpt)
+    with Executor(path, exp.algo, exp.data.x_train, exp.data.y_train) as executor:
+        history = _train(exp, executor, bar, history, ckpt, checkpoint_every)
     bar.close()
 
     meta = {**provenance(dev, path), "seed": config.seed, "config_key": config.key(),
@@ -185,6 +203,7 @@ def run(config: Config, *, engine: str = "auto", device: str | torch.device | No
 def load_model(result: Result, root: Path | None = None) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """The final global model of a finished run."""
     params = torch.load(model_path(result.config, root), weights_only=True)
-    model = build_model(result.config.model, dropout=result.config.dropout)
+    model = build_model(result.config.model, dropout=result.config.dropout,
+                        proj_dim=projection_dim(result.config))
     model.load_state_dict(params, strict=False)
     return model, params

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from fedlib import Config, run
-from fedlib.engine import make_plan
+from fedlib.engine import Executor, balance, make_plan
 from fedlib.run import Experiment, evaluate, load_model
 
 SMALL = Config(clients=4, train_samples=600, test_samples=300, rounds=3, batch_size=32,
@@ -29,23 +29,25 @@ def test_fedavg_one_client_equals_plain_sgd():
         F.cross_entropy(model(x[ids]), y[ids]).backward()
         opt.step()
     assert plan.steps[0] == 2 * int(np.ceil(len(exp.parts[0]) / cfg.batch_size))
-    exp.round(0, "sequential")
+    with Executor("sequential", exp.algo, x, y) as ex:
+        exp.round(0, ex)
     for name, p in model.named_parameters():
         torch.testing.assert_close(exp.gparams[name], p.detach(), atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("dropout", [0.0, 0.3])
-def test_sequential_equals_vectorized_after_several_rounds(tmp_path, dropout):
+@pytest.mark.parametrize(("other", "dropout"), [("vectorized", 0.0), ("vectorized", 0.3),
+                                                ("parallel", 0.3)])
+def test_sequential_equals_other_paths_after_several_rounds(tmp_path, other, dropout):
     # lr 0.01: at large effective step sizes (lr 0.05, momentum 0.9) rounding differences
     # between the paths (8e-7 after one round) are amplified chaotically round after round.
     cfg = SMALL.replace(dropout=dropout, client_fraction=0.75, lr=0.01)
     r_seq = run(cfg, engine="sequential", root=tmp_path / "seq", progress=False)
-    r_vec = run(cfg, engine="vectorized", root=tmp_path / "vec", progress=False)
+    r_vec = run(cfg, engine=other, root=tmp_path / "vec", progress=False)
     _, p_seq = load_model(r_seq, tmp_path / "seq")
     _, p_vec = load_model(r_vec, tmp_path / "vec")
     for k in p_seq:
         torch.testing.assert_close(p_seq[k], p_vec[k], atol=5e-5, rtol=1e-3)
-    assert r_seq.meta["engine"] == "sequential" and r_vec.meta["engine"] == "vectorized"
+    assert r_seq.meta["engine"] == "sequential" and r_vec.meta["engine"] == other
     assert abs(r_seq.final["test_acc"] - r_vec.final["test_acc"]) < 0.01
 
 
@@ -68,3 +70,12 @@ def test_evaluate_matches_module():
         logits = exp.model(exp.data.x_test)
     assert acc == pytest.approx((logits.argmax(1) == exp.data.y_test).float().mean().item())
     assert loss == pytest.approx(F.cross_entropy(logits, exp.data.y_test).item(), rel=1e-5)
+
+
+def test_balance_assigns_every_client_once():
+    steps = [5, 1, 9, 3, 3, 7]
+    groups = balance(steps, 2)
+    assert sorted(i for g in groups for i in g) == list(range(6))
+    loads = [sum(steps[i] for i in g) for g in groups]
+    assert max(loads) - min(loads) <= max(steps)
+    assert balance([4], 3) == [[0]]

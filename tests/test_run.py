@@ -60,10 +60,10 @@ def test_interrupt_and_resume_equals_uninterrupted(tmp_path, monkeypatch):
     full = run(CFG, root=tmp_path / "full", progress=False, checkpoint_every=1)
     original = Experiment.round
 
-    def interrupted(self, t, path):
+    def interrupted(self, t, executor):
         if t == 2:
             raise KeyboardInterrupt
-        return original(self, t, path)
+        return original(self, t, executor)
 
     monkeypatch.setattr(Experiment, "round", interrupted)
     with pytest.raises(KeyboardInterrupt):

@@ -1,8 +1,17 @@
 """Registry of federated algorithms: one module each, see :mod:`fedlib.algorithms.base`."""
 
 from fedlib.algorithms.base import Algorithm, RoundContext
+from fedlib.algorithms.ditto import Ditto
 from fedlib.algorithms.fedavg import FedAvg
+from fedlib.algorithms.feddyn import FedDyn
+from fedlib.algorithms.fedprox import FedProx
+from fedlib.algorithms.moon import Moon
+from fedlib.algorithms.moon_dpap import MoonDpap
+from fedlib.algorithms.scaffold import Scaffold
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg,)}
+ALGORITHMS: dict[str, type[Algorithm]] = {
+    cls.name: cls for cls in (FedAvg, FedProx, Scaffold, FedDyn, Moon, Ditto, MoonDpap)
+}
 
-__all__ = ["ALGORITHMS", "Algorithm", "FedAvg", "RoundContext"]
+__all__ = ["ALGORITHMS", "Algorithm", "Ditto", "FedAvg", "FedDyn", "FedProx", "Moon", "MoonDpap",
+           "RoundContext", "Scaffold"]

@@ -41,6 +41,7 @@ class RoundContext:
     t: int
     gparams: Params
     hyper: dict[str, float]
+    shared: Tree = None  # what the server broadcasts besides the model (``broadcast``)
 
 
 def weighted_mean(values: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -69,6 +70,8 @@ class Algorithm:
     """
 
     name: ClassVar[str] = "base"
+    #: Whether the model needs MOON's projection head.
+    uses_projection_head: ClassVar[bool] = False
 
     def __init__(self, config: Config, model: nn.Module):
         self.config = config
@@ -85,6 +88,10 @@ class Algorithm:
 
     def init_client_state(self, gparams: Params) -> Tree:
         """State of one client kept across rounds (stacked over all clients by the engine)."""
+        return {}
+
+    def broadcast(self, server_state: Tree) -> Tree:
+        """What clients receive besides the global model (e.g. SCAFFOLD's control variate)."""
         return {}
 
     # ---- client (pure) ----------------------------------------------------------------
@@ -123,6 +130,21 @@ class Algorithm:
         metrics = {"train_loss": sstate["loss_sum"] / sstate["steps"].clamp_min(1.0),
                    "steps": sstate["steps"]}
         return {"delta": delta}, cstate, metrics
+
+    # ---- between clients and server (host side) -----------------------------------------
+    def privatize(self, uploads: Tree, clients: list[int], ctx: RoundContext) -> Tree:
+        """Client-side randomisation of the stacked uploads before they leave the clients
+        (local DP). Runs on the host with per-(seed, round, client) generators, so every
+        engine path draws the same noise. Identity here."""
+        return uploads
+
+    def round_metrics(self, server_state: Tree, ctx: RoundContext) -> dict[str, float]:
+        """Per-round bookkeeping to record (e.g. epsilon spent, sparsity)."""
+        return {}
+
+    def extra_metrics(self, experiment) -> dict[str, float]:
+        """Metrics beyond the global model's test accuracy and loss (e.g. personalisation)."""
+        return {}
 
     # ---- server -----------------------------------------------------------------------
     def server_update(self, gparams: Params, server_state: Tree, uploads: Tree,

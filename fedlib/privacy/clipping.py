@@ -1,0 +1,27 @@
+"""L2 clipping of a whole update (all tensors flattened into one vector).
+
+``clip_by_l2(u, C) = u * min(1, C / ||u||_2)`` (McMahan et al., ICLR 2018, Alg. 1): the
+sensitivity of a sum of clipped updates to adding or removing one client is ``C``.
+Pure tensor code (no branching on values), so it runs inside ``vmap``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fedlib.tree import Tree, leaves, tmap
+
+
+def flat_norm(tree: Tree) -> torch.Tensor:
+    """L2 norm of all leaves of ``tree`` taken together."""
+    return torch.sqrt(sum((x.double() ** 2).sum() for x in leaves(tree))).to(torch.float32)
+
+
+def clip_by_l2(tree: Tree, clip: float) -> tuple[Tree, torch.Tensor]:
+    """Scale ``tree`` so its flat L2 norm is at most ``clip``; also return the original norm."""
+    if not clip > 0:
+        raise ValueError(f"clip norm must be > 0, got {clip}")
+    norm = flat_norm(tree)
+    # exactly 1 unless the norm exceeds C (norm > C > 0, so the division is safe)
+    scale = torch.where(norm > clip, clip / norm.clamp_min(clip), torch.ones_like(norm))
+    return tmap(lambda x: x * scale.to(x.dtype), tree), norm

@@ -1,0 +1,29 @@
+"""Noise mechanisms on parameter trees, drawn from an explicit seeded generator."""
+
+from __future__ import annotations
+
+import torch
+
+from fedlib.tree import Tree, tmap
+
+
+def gaussian_noise_like(tree: Tree, std: float, generator: torch.Generator) -> Tree:
+    """Independent N(0, std^2) for every coordinate of ``tree`` (drawn on the CPU from
+    ``generator`` for reproducibility across devices, then moved to each leaf's device)."""
+    if std < 0:
+        raise ValueError(f"noise std must be >= 0, got {std}")
+    return tmap(lambda x: (torch.randn(x.shape, generator=generator, dtype=torch.float32) * std)
+                .to(device=x.device, dtype=x.dtype), tree)
+
+
+def laplace_noise_like(tree: Tree, scale: float, generator: torch.Generator) -> Tree:
+    """Independent Laplace(0, scale) for every coordinate (inverse-CDF from uniforms)."""
+    if scale < 0:
+        raise ValueError(f"Laplace scale must be >= 0, got {scale}")
+
+    def draw(x: torch.Tensor) -> torch.Tensor:
+        u = torch.rand(x.shape, generator=generator, dtype=torch.float64) - 0.5
+        lap = -scale * torch.sign(u) * torch.log1p(-2 * u.abs())
+        return lap.to(device=x.device, dtype=x.dtype)
+
+    return tmap(draw, tree)

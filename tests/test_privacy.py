@@ -1,0 +1,155 @@
+"""Privacy pieces: clipping (property), noise (distribution), accounting (cross-checks)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from fedlib import Config
+from fedlib.algorithms import ALGORITHMS, RoundContext
+from fedlib.algorithms.moon_dpap import noise_multipliers, total_epsilon
+from fedlib.privacy.accounting import (
+    calibrate_constant_noise,
+    classic_gaussian_sigma,
+    epsilon_of_gaussian_rounds,
+    gaussian_sigma,
+)
+from fedlib.privacy.clipping import clip_by_l2, flat_norm
+from fedlib.privacy.noise import gaussian_noise_like, laplace_noise_like
+
+floats = st.floats(min_value=-1e4, max_value=1e4, allow_nan=False, width=32)
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.lists(floats, min_size=1, max_size=40), b=st.lists(floats, min_size=1, max_size=40),
+       clip=st.floats(min_value=1e-3, max_value=1e3))
+def test_clipped_norm_never_exceeds_c(a, b, clip):
+    tree = {"a": torch.tensor(a), "b": torch.tensor(b)}
+    out, norm = clip_by_l2(tree, clip)
+    assert flat_norm(out).item() <= clip * (1 + 1e-5)
+    if norm.item() <= clip:  # small updates pass unchanged
+        assert all(torch.equal(out[k], tree[k]) for k in tree)
+    else:  # large ones keep their direction
+        scale = clip / norm.item()
+        for k in tree:
+            torch.testing.assert_close(out[k], tree[k] * scale, rtol=1e-4, atol=1e-6)
+
+
+def test_clip_rejects_nonpositive():
+    with pytest.raises(ValueError):
+        clip_by_l2({"a": torch.ones(3)}, 0.0)
+
+
+def test_gaussian_noise_has_the_calibrated_std():
+    g = torch.Generator().manual_seed(0)
+    z = gaussian_noise_like({"w": torch.zeros(200_000)}, 0.7, g)["w"].double().numpy()
+    # chi-square interval for the variance, and a normality test on a subsample
+    n = len(z)
+    lo, hi = stats.chi2.ppf([0.0005, 0.9995], n - 1)
+    assert (n - 1) * z.var() / hi <= 0.49 <= (n - 1) * z.var() / lo
+    assert abs(z.mean()) < 4 * 0.7 / math.sqrt(n)
+    assert stats.kstest(z[:5000] / 0.7, "norm").pvalue > 1e-3
+
+
+def test_laplace_noise_has_the_calibrated_scale():
+    g = torch.Generator().manual_seed(1)
+    z = laplace_noise_like({"w": torch.zeros(100_000)}, 2.0, g)["w"].double().numpy()
+    assert stats.kstest(z[:5000], "laplace", args=(0, 2.0)).pvalue > 1e-3
+    assert np.mean(np.abs(z)) == pytest.approx(2.0, rel=0.02)  # E|X| = b
+
+
+def test_analytic_gaussian_beats_classic_and_holds():
+    assert gaussian_sigma(1.0, 1e-5) == pytest.approx(3.73, abs=0.01)
+    classic = classic_gaussian_sigma(1.0, 1e-5)
+    assert classic == pytest.approx(4.85, abs=0.01)
+    assert epsilon_of_gaussian_rounds([classic], 1e-5) < 1.0  # classic over-noises: eps ~ 0.75
+    assert epsilon_of_gaussian_rounds([gaussian_sigma(1.0, 1e-5)], 1e-5) == pytest.approx(1.0, abs=0.01)
+
+
+def test_reference_values_and_calibration_round_trip():
+    rdp = epsilon_of_gaussian_rounds([1.0] * 200, 1e-5, q=0.1, accountant="rdp")
+    pld = epsilon_of_gaussian_rounds([1.0] * 200, 1e-5, q=0.1, accountant="pld")
+    assert rdp == pytest.approx(11.06, abs=0.05) and pld == pytest.approx(9.97, abs=0.05)
+    z = calibrate_constant_noise(4.0, 1e-5, 200, q=0.1, accountant="rdp")
+    assert z == pytest.approx(1.88, abs=0.01)
+    back = epsilon_of_gaussian_rounds([z] * 200, 1e-5, q=0.1, accountant="rdp")
+    assert back == pytest.approx(4.0, abs=0.01)
+    z1 = calibrate_constant_noise(8.0, 1e-5, 200)  # no sampling: exact closed form
+    assert z1 == pytest.approx(8.49, abs=0.01)
+    # the research note's table (RDP, looser) asks for z = 9.0 for the same target
+    assert calibrate_constant_noise(8.0, 1e-5, 200, accountant="rdp") == pytest.approx(9.0, abs=0.1)
+    assert epsilon_of_gaussian_rounds([z1] * 200, 1e-5, accountant="pld") == pytest.approx(8.0, abs=0.02)
+
+
+def test_accountant_agrees_with_opacus_for_a_fixed_schedule():
+    from opacus.accountants import RDPAccountant
+
+    zs = [gaussian_sigma(e, 1e-5) for e in np.linspace(2.0, 0.5, 50)]
+    ours = epsilon_of_gaussian_rounds(zs, 1e-5, q=1.0, accountant="rdp")
+    acc = RDPAccountant()
+    for z in zs:
+        acc.step(noise_multiplier=z, sample_rate=1.0)
+    theirs = acc.get_epsilon(delta=1e-5)
+    assert ours == pytest.approx(theirs, rel=0.03)
+    # the exact (GDP) composition used by MOON-DPAP agrees with the PLD accountant
+    assert total_epsilon(zs, 1e-5) == pytest.approx(
+        epsilon_of_gaussian_rounds(zs, 1e-5, accountant="pld"), rel=0.01)
+    assert total_epsilon(zs, 1e-5) <= ours  # RDP is an upper bound
+
+
+def test_paper_schedule_total_epsilon_matches_reference():
+    cfg = Config(algorithm="moon_dpap", dp="central", dp_epsilon=1.0, rounds=200)
+    zs = noise_multipliers(cfg)
+    assert len(zs) == 200 and zs == sorted(zs)  # noise grows as epsilon(t) shrinks
+    # With the paper's classic eq. 4 multipliers the exact total is 8.15 (research note);
+    # the analytic calibration adds less noise per round, so the run spends more.
+    from fedlib.schedules import epsilon_schedule
+    classic = [classic_gaussian_sigma(epsilon_schedule(t, 200, 1.0), 1e-5) for t in range(200)]
+    assert total_epsilon(classic, 1e-5) == pytest.approx(8.15, abs=0.05)
+    assert total_epsilon(zs, 1e-5) <= epsilon_of_gaussian_rounds(zs, 1e-5, accountant="rdp")
+    assert total_epsilon(zs, 1e-5) > 8.15
+    const = noise_multipliers(cfg.replace(dp_schedule="constant", dp_epsilon=8.0))
+    assert len(set(const)) == 1 and total_epsilon(const, 1e-5) == pytest.approx(8.0, abs=0.05)
+
+
+def _dpap(dp, **kw):
+    cfg = Config(algorithm="moon_dpap", dp=dp, clients=4, dp_clip=0.5, dp_epsilon=1.0, rounds=10, **kw)
+    return ALGORITHMS["moon_dpap"](cfg, torch.nn.Linear(1, 1))
+
+
+def test_central_noise_on_the_sum_has_std_z_c():
+    algo = _dpap("central")
+    z = algo.z[3]
+    g = {"w": torch.zeros(100_000)}
+    ctx = RoundContext(3, g, algo.hyper(3), {})
+    uploads = {"delta": {"w": torch.zeros(4, 100_000)}}
+    new, _ = algo.server_update(g, {}, uploads, torch.ones(4), ctx)
+    std = (new["w"] * 4).std().item()  # noise on the sum, divided by m = 4
+    assert std == pytest.approx(z * 0.5, rel=0.02)
+
+
+def test_local_dp_never_sends_an_unnoised_update():
+    algo = _dpap("local")
+    ctx = RoundContext(2, {"w": torch.zeros(50_000)}, algo.hyper(2), {})
+    clipped = {"delta": {"w": torch.full((3, 50_000), 1e-3)}}
+    sent = algo.privatize(clipped, [0, 1, 2], ctx)
+    diff = sent["delta"]["w"] - clipped["delta"]["w"]
+    assert set(sent) == {"delta"}
+    assert (diff != 0).all(), "every coordinate of every client's payload carries noise"
+    for row in diff:
+        assert row.std().item() == pytest.approx(2 * algo.z[2] * 0.5, rel=0.03)
+    assert not torch.allclose(diff[0], diff[1])  # independent per client
+
+
+def test_client_final_clips_before_upload():
+    algo = _dpap("central")
+    g = {"w": torch.zeros(10)}
+    ctx = RoundContext(0, g, algo.hyper(0), {})
+    s = {"params": {"w": torch.full((10,), 3.0)}, "steps": torch.tensor(2.0), "loss_sum": torch.tensor(0.0)}
+    up, _, m = algo.client_final(s, {"prev": g}, ctx)
+    assert flat_norm(up["delta"]).item() == pytest.approx(0.5, rel=1e-5)
+    assert m["update_norm"].item() == pytest.approx(3.0 * math.sqrt(10), rel=1e-5)
