@@ -259,8 +259,8 @@ PROFILES: dict[str, Profile] = {
         train_samples=600, test_samples=300, max_rounds=2, max_clients=4, seeds=1,
     ),
     "quick": Profile(
-        "quick", "minutes on a 2-core CPU: 12,000 training samples, 2,000 test samples, 30 rounds at most",
-        train_samples=12_000, test_samples=2_000, max_rounds=30, seeds=1,
+        "quick", "minutes on a 2-core CPU: 4,000 training samples, 2,000 test samples, 20 rounds at most",
+        train_samples=4_000, test_samples=2_000, max_rounds=20, seeds=1,
     ),
     "paper": Profile("paper", "the papers' own settings (full data and rounds); meant for a GPU", seeds=3),
 }

@@ -72,3 +72,43 @@ def partition_plot(counts: np.ndarray, title: str | None = None, ax=None):
     if title:
         ax.set_title(title, pad=28)
     return ax
+
+
+def mean_curves(curves: dict, title: str | None = None, footer: str | None = None,
+                styles: dict | None = None):
+    """Test accuracy and loss per round, mean over seeds (band = +- 1 std when > 1 seed).
+
+    ``curves`` maps a label to a frame from ``experiments.*.mean_curve``; the label's
+    algorithm (before any ' (') picks the colour unless ``styles`` gives one.
+    """
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10.5, 3.8))
+    for label, df in curves.items():
+        key = label.split(" (")[0]
+        kw = {"color": color(key), "label": LABELS.get(label, label)}
+        kw.update((styles or {}).get(label, {}))
+        ax_acc.plot(df["round"], df["acc_mean"], **kw)
+        ax_loss.plot(df["round"], df["test_loss_mean"], **kw)
+        if df["acc_std"].gt(0).any():
+            ax_acc.fill_between(df["round"], df["acc_mean"] - df["acc_std"], df["acc_mean"] + df["acc_std"],
+                                color=kw["color"], alpha=0.15)
+    ax_acc.set(xlabel="global round", ylabel="test accuracy (%)")
+    ax_loss.set(xlabel="global round", ylabel="test loss (cross-entropy)")
+    ax_loss.set_yscale("log")
+    ax_acc.legend(frameon=False, fontsize=8)
+    for ax in (ax_acc, ax_loss):
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    if footer:
+        fig.text(0.99, 0.005, footer, ha="right", va="bottom", fontsize=7, color="0.4")
+    fig.tight_layout()
+    return fig
+
+
+def footer(results) -> str:
+    """Provenance line for a figure made from several results."""
+    r = results[0]
+    seeds = sorted({x.config.seed for x in results})
+    return (f"profile {r.config.profile}, seeds {seeds}, {r.config.n_train:,} training samples, "
+            f"{r.config.rounds} rounds, {r.meta.get('device', '?')}, "
+            f"commit {str(r.meta.get('git_commit', '?'))[:7]}")

@@ -44,7 +44,7 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-             batch_size: int = 2000) -> tuple[float, float]:
+             batch_size: int = 500) -> tuple[float, float]:
     """Accuracy and mean cross-entropy of ``params`` on (x, y)."""
     correct, loss = 0.0, 0.0
     for i in range(0, len(y), batch_size):
@@ -139,7 +139,7 @@ def _train(exp: Experiment, executor: Executor, bar, history: list[dict], ckpt: 
             t1 = time.time()
             rec["test_acc"], rec["test_loss"] = evaluate(exp.model, exp.gparams,
                                                          exp.data.x_test, exp.data.y_test)
-            rec.update(exp.algo.extra_metrics(exp))
+            rec.update(exp.algo.extra_metrics(exp, final=t + 1 == config.rounds))
             rec["eval_s"] = time.time() - t1
             bar.set_postfix(acc=f"{rec['test_acc']:.4f}", loss=f"{rec['test_loss']:.3f}")
         else:

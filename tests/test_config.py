@@ -55,7 +55,7 @@ def test_key_is_stable_and_sensitive():
 def test_profiles_shrink():
     paper = Config(rounds=200, clients=20)
     quick = PROFILES["quick"].apply(paper)
-    assert quick.rounds <= 30 and quick.train_samples == 12_000 and quick.profile == "quick"
+    assert quick.rounds <= 20 and quick.train_samples == 4_000 and quick.profile == "quick"
     assert PROFILES["paper"].apply(paper).replace(profile="custom") == paper
     smoke = PROFILES["smoke"].apply(paper).validate()
     assert smoke.rounds == 2 and smoke.clients == 4

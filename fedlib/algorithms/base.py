@@ -142,8 +142,9 @@ class Algorithm:
         """Per-round bookkeeping to record (e.g. epsilon spent, sparsity)."""
         return {}
 
-    def extra_metrics(self, experiment) -> dict[str, float]:
-        """Metrics beyond the global model's test accuracy and loss (e.g. personalisation)."""
+    def extra_metrics(self, experiment, final: bool) -> dict[str, float]:
+        """Metrics beyond the global model's test accuracy and loss (e.g. personalisation);
+        ``final`` is true at the last round."""
         return {}
 
     # ---- server -----------------------------------------------------------------------

@@ -7,7 +7,7 @@ minimise ``F_i(v) + lambda/2 ||v - w^t||^2``. The server step is FedAvg's.
 Reported beside the global model's accuracy: the *personalised* accuracy, the mean over
 clients of ``v_i``'s accuracy on the test set re-weighted to client ``i``'s label
 distribution (we have no per-client test split; per-class accuracy times the client's
-class proportions estimates accuracy on its own distribution).
+class proportions estimates accuracy on its own distribution). Computed at the last round.
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ class Ditto(Algorithm):
         return upload, {"v": sstate["v"]}, metrics
 
     @torch.no_grad()
-    def extra_metrics(self, experiment) -> dict[str, float]:
+    def extra_metrics(self, experiment, final: bool) -> dict[str, float]:
+        if not final:  # N evaluations per call: only at the end of the run
+            return {}
         x, y = experiment.data.x_test, experiment.data.y_test
         k = experiment.data.num_classes
         class_count = torch.bincount(y, minlength=k).clamp_min(1).float()

@@ -1,0 +1,1 @@
+"""Study-specific settings, published numbers and verdicts, one module per paper."""
