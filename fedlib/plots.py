@@ -13,8 +13,13 @@ from fedlib.results import Result
 #: One colour per algorithm, used in every chapter.
 ALGORITHM_ORDER = ["fedavg", "fedprox", "scaffold", "feddyn", "moon", "ditto", "moon_dpap",
                    "dp_fedavg", "dp_fedavg_adaptive", "ldp_fl", "signds_fl", "fdl"]
-_PALETTE = sns.color_palette("tab20", len(ALGORITHM_ORDER))
-COLORS = dict(zip(ALGORITHM_ORDER, _PALETTE, strict=True))
+# One distinct colour per algorithm (tab10 and two more). Notebooks draw DP variants in
+# red (C3) and orange (C1), so no algorithm uses those two.
+COLORS = {"fedavg": "#1f77b4", "fedprox": "#17becf", "scaffold": "#8c564b", "feddyn": "#2ca02c",
+          "moon": "#e377c2", "ditto": "#bcbd22", "moon_dpap": "#9467bd", "dp_fedavg": "#7f7f7f",
+          "dp_fedavg_adaptive": "#000000", "ldp_fl": "#aec7e8", "signds_fl": "#98df8a",
+          "fdl": "#393b79"}
+assert set(COLORS) == set(ALGORITHM_ORDER) and len(set(COLORS.values())) == len(COLORS)
 LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "feddyn": "FedDyn",
           "moon": "MOON", "ditto": "Ditto", "moon_dpap": "MOON-DPAP", "dp_fedavg": "DP-FedAvg",
           "dp_fedavg_adaptive": "DP-FedAvg (adaptive clip)", "ldp_fl": "LDP-FL",
