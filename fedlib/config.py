@@ -83,6 +83,13 @@ class Config:
                               "constant: fixed noise calibrated to a total epsilon")
     dp_eps_floor: float = _param(0.0, "paper schedule: lower bound on epsilon(t), "
                                  "as a fraction of epsilon_0")
+    # ---- DP-FedAvg (McMahan et al. 2018) and adaptive clipping (Andrew et al. 2021) --------
+    dp_noise_multiplier: float = _param(1.0, "DP-FedAvg: z; noise std on the sum of clipped updates = z C")
+    adaptive_clip: bool = _param(False, "DP-FedAvg: adapt C to a private quantile of the update norms")
+    clip_quantile: float = _param(0.5, "adaptive clipping: target fraction gamma of unclipped updates")
+    clip_lr: float = _param(0.2, "adaptive clipping: geometric learning rate eta_C")
+    clip_count_std: float = _param(0.0, "adaptive clipping: noise sigma_b on the unclipped count "
+                                   "(0 = expected clients per round / 20)")
     train_samples: int = _param(0, "use a stratified subset of this many training samples (0 = all)")
     test_samples: int = _param(0, "evaluate on this many test samples (0 = all)")
     eval_every: int = _param(1, "evaluate the global model every k rounds (and at the end)")
@@ -199,6 +206,16 @@ class Config:
                 errs.append(f"dp_delta must be in (0, 1), got {self.dp_delta}")
             if self.dp_schedule not in ("paper", "constant"):
                 errs.append(f"dp_schedule must be paper or constant, got {self.dp_schedule!r}")
+        if self.algorithm == "dp_fedavg":
+            if not self.dp_clip > 0 or not 0 < self.dp_delta < 1 or self.dp_noise_multiplier < 0:
+                errs.append("DP-FedAvg needs dp_clip > 0, 0 < dp_delta < 1, dp_noise_multiplier >= 0")
+            if not 0 < self.clip_quantile < 1 or not self.clip_lr > 0 or self.clip_count_std < 0:
+                errs.append("adaptive clipping needs 0 < clip_quantile < 1, clip_lr > 0, clip_count_std >= 0")
+            sigma_b = self.clip_count_std or self.client_fraction * self.clients / 20
+            z = self.dp_noise_multiplier
+            if self.adaptive_clip and z > 0 and not z < 2 * sigma_b:
+                errs.append(f"adaptive clipping needs dp_noise_multiplier < 2 clip_count_std = "
+                            f"{2 * sigma_b:.3g} (Andrew et al. 2021, Thm 1); raise clip_count_std")
         if self.seed < 0:
             errs.append(f"seed must be >= 0, got {self.seed}")
         if self.dataset in DATASET_SIZES:

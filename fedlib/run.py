@@ -105,13 +105,18 @@ class Experiment:
     def round(self, t: int, executor: Executor) -> dict[str, float]:
         """One global round; returns its training metrics."""
         c, algo = self.config, self.algo
-        selected = sample_clients(c, t)
-        sel = torch.tensor(selected, device=self.device)
+        selected = algo.sample_clients(t)
+        sel = torch.tensor(selected, device=self.device, dtype=torch.long)
+        ctx = RoundContext(t, self.gparams, algo.hyper(t), algo.broadcast(self.server_state))
+        if not selected:  # possible under Poisson sampling: the server step still runs (noise)
+            self.gparams, self.server_state = algo.server_update(
+                self.gparams, self.server_state, algo.empty_uploads(self.gparams), self.sizes[sel], ctx)
+            return {"train_loss": float("nan"), "clients": 0, "bytes_up": 0, "bytes_down": 0,
+                    **algo.round_metrics(self.server_state, ctx)}
         plan = make_plan([self.parts[i] for i in selected], selected, batch_size=c.batch_size,
                          epochs=c.local_epochs, seed=c.seed, round_=t, device=self.device,
                          dropout=c.dropout if algo.uses_dropout() else 0.0,
                          repr_dim=getattr(self.model, "repr_dim", 0))
-        ctx = RoundContext(t, self.gparams, algo.hyper(t), algo.broadcast(self.server_state))
         cstates = tmap(lambda s: s[sel], self.client_states)
         uploads, new_cstates, metrics = executor.run(plan, cstates, ctx)
         uploads = algo.privatize(uploads, selected, ctx)

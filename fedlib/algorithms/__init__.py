@@ -2,6 +2,7 @@
 
 from fedlib.algorithms.base import Algorithm, RoundContext
 from fedlib.algorithms.ditto import Ditto
+from fedlib.algorithms.dp_fedavg import DpFedAvg
 from fedlib.algorithms.fedavg import FedAvg
 from fedlib.algorithms.feddyn import FedDyn
 from fedlib.algorithms.fedprox import FedProx
@@ -10,8 +11,8 @@ from fedlib.algorithms.moon_dpap import MoonDpap
 from fedlib.algorithms.scaffold import Scaffold
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (FedAvg, FedProx, Scaffold, FedDyn, Moon, Ditto, MoonDpap)
+    cls.name: cls for cls in (FedAvg, FedProx, Scaffold, FedDyn, Moon, Ditto, MoonDpap, DpFedAvg)
 }
 
-__all__ = ["ALGORITHMS", "Algorithm", "Ditto", "FedAvg", "FedDyn", "FedProx", "Moon", "MoonDpap",
+__all__ = ["ALGORITHMS", "Algorithm", "Ditto", "DpFedAvg", "FedAvg", "FedDyn", "FedProx", "Moon", "MoonDpap",
            "RoundContext", "Scaffold"]

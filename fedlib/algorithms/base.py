@@ -94,6 +94,16 @@ class Algorithm:
         """What clients receive besides the global model (e.g. SCAFFOLD's control variate)."""
         return {}
 
+    def sample_clients(self, t: int) -> list[int]:
+        """Clients of round ``t`` (default: a fixed-size sample, see ``client_fraction``)."""
+        from fedlib.run import sample_clients
+
+        return sample_clients(self.config, t)
+
+    def empty_uploads(self, gparams: Params) -> Tree:
+        """Uploads of a round in which no client was sampled (stacked over zero clients)."""
+        return {"delta": tmap(lambda p: p.new_zeros((0, *p.shape)), gparams)}
+
     # ---- client (pure) ----------------------------------------------------------------
     def client_init(self, cstate: Tree, ctx: RoundContext) -> Tree:
         params = tmap(torch.clone, ctx.gparams)
