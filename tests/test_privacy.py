@@ -153,3 +153,15 @@ def test_client_final_clips_before_upload():
     up, _, m = algo.client_final(s, {"prev": g}, ctx)
     assert flat_norm(up["delta"]).item() == pytest.approx(0.5, rel=1e-5)
     assert m["update_norm"].item() == pytest.approx(3.0 * math.sqrt(10), rel=1e-5)
+
+
+def test_composition_theorems_reference_values():
+    from fedlib.privacy.accounting import advanced_composition, basic_composition, optimal_composition
+
+    assert basic_composition(1.0, 0.0, 50) == (50.0, 0.0)
+    eps, delta = advanced_composition(1.0, 0.0, 50, 1e-5)
+    assert eps == pytest.approx(119.8, abs=0.1) and delta == pytest.approx(1e-5)  # worse than basic
+    assert optimal_composition(1.0, 0.0, 50, 1e-5) == pytest.approx(46.0, abs=0.2)
+    assert advanced_composition(0.1, 0.0, 200, 1e-5)[0] == pytest.approx(8.89, abs=0.01)
+    assert optimal_composition(0.1, 0.0, 200, 1e-5) == pytest.approx(6.60, abs=0.05)
+    assert advanced_composition(0.1, 1e-6, 200, 1e-5)[1] == pytest.approx(200e-6 + 1e-5)

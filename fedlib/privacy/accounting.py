@@ -91,3 +91,29 @@ def calibrate_constant_noise(target_epsilon: float, delta: float, rounds: int, q
         make, lambda z: dpa.SelfComposedDpEvent(_event(z, q), rounds),
         target_epsilon=target_epsilon, target_delta=delta,
         bracket_interval=dpa.ExplicitBracketInterval(0.05, 500.0)))
+
+
+# ---- textbook composition theorems, for comparison with the accountants --------------------
+def basic_composition(epsilon: float, delta: float, rounds: int) -> tuple[float, float]:
+    """Basic composition (Dwork & Roth 2014, Thm 3.16): ``(T eps, T delta)``."""
+    return rounds * epsilon, rounds * delta
+
+
+def advanced_composition(epsilon: float, delta: float, rounds: int,
+                         delta_prime: float) -> tuple[float, float]:
+    """Advanced composition (Dwork & Roth 2014, Thm 3.20) for T (eps, delta)-DP mechanisms:
+    ``eps' = sqrt(2 T ln(1/delta')) eps + T eps (e^eps - 1)`` at total ``delta = T delta + delta'``
+    (the DP-FL article quotes the epsilon and omits the total delta). It can be *worse*
+    than basic composition for large eps."""
+    eps = math.sqrt(2 * rounds * math.log(1 / delta_prime)) * epsilon + rounds * epsilon * math.expm1(epsilon)
+    return eps, rounds * delta + delta_prime
+
+
+def optimal_composition(epsilon: float, delta: float, rounds: int, total_delta: float) -> float | None:
+    """The optimal composition of T (eps, delta)-DP mechanisms (Kairouz, Oh, Viswanath 2015,
+    Thm 3.3), via dp-accounting; ``None`` when ``total_delta`` is unreachable."""
+    from dp_accounting.pld import accountant as pld_accountant
+    from dp_accounting.pld import common as pld_common
+
+    params = pld_common.DifferentialPrivacyParameters(epsilon, delta)
+    return pld_accountant.advanced_composition(params, rounds, total_delta)
