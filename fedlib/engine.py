@@ -28,6 +28,7 @@ import torch
 from torch.func import vmap
 
 from fedlib.algorithms.base import Algorithm, RoundContext
+from fedlib.privacy.noise import generator_for
 from fedlib.tree import Tree, index, stack, tmap, where
 
 PATHS = ("sequential", "parallel", "vectorized")
@@ -73,8 +74,7 @@ def make_plan(client_indices: list[np.ndarray], client_ids: list[int], *, batch_
     if dropout > 0:
         masks = []
         for cid in client_ids:
-            g = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 29, round_, cid])
-                                                  .generate_state(1)[0]))
+            g = generator_for(seed, 29, round_, cid)
             masks.append(torch.rand((s, batch_size, repr_dim), generator=g) >= dropout)
         drop = torch.stack(masks).to(device=device, dtype=torch.float32)
     return RoundPlan(torch.from_numpy(idx_arr).to(device), torch.from_numpy(w_arr).to(device),

@@ -32,12 +32,8 @@ from fedlib.algorithms.base import Algorithm, Params, RoundContext
 from fedlib.config import Config
 from fedlib.privacy.accounting import epsilon_of_gaussian_rounds
 from fedlib.privacy.clipping import clip_by_l2
-from fedlib.privacy.noise import gaussian_noise_like
+from fedlib.privacy.noise import gaussian_noise_like, generator_for
 from fedlib.tree import Tree, tmap
-
-
-def _seed(*parts: int) -> int:
-    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
 
 
 class DpFedAvg(Algorithm):
@@ -81,7 +77,7 @@ class DpFedAvg(Algorithm):
     def server_update(self, gparams, server_state, uploads, weights, ctx):
         c = self.config
         clip = ctx.shared["clip"]
-        g = torch.Generator().manual_seed(_seed(c.seed, 47, ctx.t))
+        g = generator_for(c.seed, 47, ctx.t)
         total = tmap(lambda d: d.sum(0), uploads["delta"])
         noise = gaussian_noise_like(total, self.z_delta * clip, g)
         new = tmap(lambda w, s, n: w + c.server_lr * (s + n) / self.expected, gparams, total, noise)

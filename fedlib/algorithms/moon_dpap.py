@@ -29,7 +29,6 @@ average would depend on the client sizes).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from fedlib import pruning, schedules
@@ -38,7 +37,7 @@ from fedlib.algorithms.moon import Moon
 from fedlib.config import Config, ConfigError
 from fedlib.privacy.accounting import calibrate_constant_noise, gaussian_sigma, gdp_epsilon
 from fedlib.privacy.clipping import clip_by_l2
-from fedlib.privacy.noise import gaussian_noise_like
+from fedlib.privacy.noise import gaussian_noise_like, generator_for
 from fedlib.tree import Tree, tmap
 
 
@@ -108,7 +107,7 @@ class MoonDpap(Moon):
         std = 2 * ctx.hyper["noise_multiplier"] * self.config.dp_clip
         noisy = []
         for row, cid in enumerate(clients):
-            g = torch.Generator().manual_seed(_seed(self.config.seed, 41, ctx.t, cid))
+            g = generator_for(self.config.seed, 41, ctx.t, cid)
             d = tmap(lambda u, row=row: u[row], uploads["delta"])
             noise = gaussian_noise_like(d, std, g)
             if "masks" in ctx.shared:
@@ -124,7 +123,7 @@ class MoonDpap(Moon):
         else:
             total = tmap(lambda d: d.sum(0), uploads["delta"])
             if c.dp == "central":
-                g = torch.Generator().manual_seed(_seed(c.seed, 37, ctx.t))
+                g = generator_for(c.seed, 37, ctx.t)
                 noise = gaussian_noise_like(total, ctx.hyper["noise_multiplier"] * c.dp_clip, g)
                 if "masks" in server_state:
                     noise = pruning.apply_masks(noise, server_state["masks"])
@@ -153,7 +152,3 @@ class MoonDpap(Moon):
             out["noise_multiplier"] = self.z[ctx.t]
             out["epsilon_spent"] = total_epsilon(self.z[:ctx.t + 1], self.config.dp_delta)
         return out
-
-
-def _seed(*parts: int) -> int:
-    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from fedlib.tree import Tree, tmap
+
+
+def generator_for(*parts: int) -> torch.Generator:
+    """A CPU generator seeded from a tuple of integers (e.g. seed, stream, round, client), so
+    each source of randomness has its own reproducible stream on every engine path."""
+    seed = int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+    return torch.Generator().manual_seed(seed)
 
 
 def gaussian_noise_like(tree: Tree, std: float, generator: torch.Generator) -> Tree:
