@@ -29,7 +29,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value
 
 from fedlib.config import Config
-from fedlib.tree import Tree, tmap
+from fedlib.tree import Tree, numel, tmap
 
 Params = dict[str, torch.Tensor]
 
@@ -168,7 +168,6 @@ class Algorithm:
 
     def upload_bytes(self, upload: Tree) -> int:
         """Bytes one client sends (dense float32 by default)."""
-        from fedlib.tree import numel
         return 4 * numel(upload)
 
     # ---- declared needs ---------------------------------------------------------------
