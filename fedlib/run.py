@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -65,15 +64,6 @@ def init_params(config: Config, model: nn.Module) -> dict[str, torch.Tensor]:
 
 def projection_dim(config: Config) -> int:
     return config.projection_dim if ALGORITHMS[config.algorithm].uses_projection_head else 0
-
-
-def sample_clients(config: Config, t: int) -> list[int]:
-    """Clients of round ``t``: all of them, or ``round(fraction * N)`` without replacement."""
-    m = config.clients_per_round
-    if m >= config.clients:
-        return list(range(config.clients))
-    rng = np.random.default_rng([config.seed, 31, t])
-    return sorted(rng.choice(config.clients, size=m, replace=False).tolist())
 
 
 class Experiment:

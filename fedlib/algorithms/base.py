@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -61,6 +62,15 @@ def sgd_update(params: Params, mom: Params, grads: Params, lr: float, momentum: 
     return new_params, new_mom
 
 
+def sample_clients(config: Config, t: int) -> list[int]:
+    """Clients of round ``t``: all of them, or ``round(fraction * N)`` without replacement."""
+    m = config.clients_per_round
+    if m >= config.clients:
+        return list(range(config.clients))
+    rng = np.random.default_rng([config.seed, 31, t])
+    return sorted(rng.choice(config.clients, size=m, replace=False).tolist())
+
+
 class Algorithm:
     """Base class: FedAvg's client (local SGD) and a sample-weighted server average.
 
@@ -96,8 +106,6 @@ class Algorithm:
 
     def sample_clients(self, t: int) -> list[int]:
         """Clients of round ``t`` (default: a fixed-size sample, see ``client_fraction``)."""
-        from fedlib.run import sample_clients
-
         return sample_clients(self.config, t)
 
     def empty_uploads(self, gparams: Params) -> Tree:
