@@ -24,7 +24,7 @@ from typing import Any
 RESULTS_VERSION = 1
 
 DATASET_SIZES = {"fashionmnist": (60_000, 10_000), "mnist": (60_000, 10_000)}
-MODELS = ("cnn", "mcmahan_cnn")
+MODELS = ("cnn", "mcmahan_cnn", "mlp")
 PARTITIONS = ("iid", "dirichlet", "shards")
 
 
@@ -42,7 +42,7 @@ class Config:
 
     algorithm: str = _param("fedavg", "federated algorithm (see fedlib.algorithms.ALGORITHMS)")
     dataset: str = _param("fashionmnist", "dataset: fashionmnist or mnist")
-    model: str = _param("cnn", "cnn (MOON-DPAP CNN) or mcmahan_cnn (McMahan et al. 2017)")
+    model: str = _param("cnn", "cnn (MOON-DPAP CNN), mcmahan_cnn (McMahan et al. 2017) or mlp (784-100-10)")
     clients: int = _param(20, "number of clients N")
     partition: str = _param("dirichlet", "iid, dirichlet (label skew) or shards")
     alpha: float = _param(0.5, "Dirichlet concentration (smaller = more skewed)")
@@ -90,6 +90,23 @@ class Config:
     clip_lr: float = _param(0.2, "adaptive clipping: geometric learning rate eta_C")
     clip_count_std: float = _param(0.0, "adaptive clipping: noise sigma_b on the unclipped count "
                                    "(0 = expected clients per round / 20)")
+    # ---- local DP: LDP-FL, SignDS-FL, FDL ------------------------------------------------------
+    ldp_epsilon: float = _param(0.5, "local DP: the method's own epsilon (LDP-FL: per coordinate; "
+                                "SignDS-FL: per round; FDL as published: per draw and per value; "
+                                "FDL corrected: per client and round in total)")
+    ldp_clip: float = _param(0.001, "local DP: public per-coordinate clip c of the update "
+                             "(LDP-FL's range radius r; corrected FDL's c)")
+    fdl_mode: str = _param("as_published", "FDL: as_published (data-dependent normalisation and filter) "
+                           "or corrected (public clip, public k, budget split)")
+    fdl_r: float = _param(0.01, "FDL: magnitude threshold r (as published: hard filter |v| > r; "
+                          "corrected: utility min(1, |v| / r))")
+    fdl_th: float = _param(0.8, "FDL as published: th = this fraction of the filtered dimensions")
+    fdl_k: int = _param(100, "FDL corrected: public number k of dimensions sent")
+    fdl_selection_share: float = _param(0.5, "FDL corrected: share of epsilon spent on selecting dimensions")
+    signds_k: float = _param(0.01, "SignDS-FL: top-k set size as a fraction kappa of the dimensions")
+    signds_h: int = _param(100, "SignDS-FL: number h of dimensions each client reports")
+    signds_threshold: float = _param(0.6, "SignDS-FL: nu_th = ceil(rho h); rho")
+    signds_lr: float = _param(0.01, "SignDS-FL: global step eta_g per reported sign")
     train_samples: int = _param(0, "use a stratified subset of this many training samples (0 = all)")
     test_samples: int = _param(0, "evaluate on this many test samples (0 = all)")
     eval_every: int = _param(1, "evaluate the global model every k rounds (and at the end)")
@@ -116,8 +133,13 @@ class Config:
         return cls(**d)
 
     def key(self) -> str:
-        """Stable hash of every field plus :data:`RESULTS_VERSION`: the cache key."""
-        payload = json.dumps({"v": RESULTS_VERSION, **self.to_dict()}, sort_keys=True)
+        """Stable hash of the fields that differ from their defaults plus :data:`RESULTS_VERSION`:
+        the cache key. A new field added with a default therefore never invalidates existing
+        results; *changing* a default (or any code that alters results) needs a
+        :data:`RESULTS_VERSION` bump."""
+        defaults = _defaults()
+        changed = {k: v for k, v in self.to_dict().items() if v != defaults[k]}
+        payload = json.dumps({"v": RESULTS_VERSION, **changed}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     @property
@@ -206,6 +228,21 @@ class Config:
                 errs.append(f"dp_delta must be in (0, 1), got {self.dp_delta}")
             if self.dp_schedule not in ("paper", "constant"):
                 errs.append(f"dp_schedule must be paper or constant, got {self.dp_schedule!r}")
+        if self.algorithm in ("ldp_fl", "signds_fl", "fdl"):
+            if not self.ldp_epsilon > 0 or not self.ldp_clip > 0:
+                errs.append("local DP needs ldp_epsilon > 0 and ldp_clip > 0")
+            if self.fdl_mode not in ("as_published", "corrected"):
+                errs.append(f"fdl_mode must be as_published or corrected, got {self.fdl_mode!r}")
+            if not self.fdl_r >= 0 or not 0 < self.fdl_th <= 1 or self.fdl_k < 1:
+                errs.append("FDL needs fdl_r >= 0, 0 < fdl_th <= 1, fdl_k >= 1")
+            if not 0 < self.fdl_selection_share < 1:
+                errs.append(f"fdl_selection_share must be in (0, 1), got {self.fdl_selection_share}")
+            if (not 0 < self.signds_k <= 0.25 or self.signds_h < 1
+                    or not 0.5 <= self.signds_threshold <= 1):
+                errs.append("SignDS-FL needs 0 < signds_k <= 0.25, signds_h >= 1, "
+                            "0.5 <= signds_threshold <= 1")
+            if not self.signds_lr > 0:
+                errs.append(f"signds_lr must be > 0, got {self.signds_lr}")
         if self.algorithm == "dp_fedavg":
             if not self.dp_clip > 0 or not 0 < self.dp_delta < 1 or self.dp_noise_multiplier < 0:
                 errs.append("DP-FedAvg needs dp_clip > 0, 0 < dp_delta < 1, dp_noise_multiplier >= 0")
@@ -238,6 +275,10 @@ class Config:
         if errs:
             raise ConfigError("invalid config:\n  " + "\n  ".join(errs))
         return self
+
+
+def _defaults() -> dict[str, Any]:
+    return Config().to_dict()
 
 
 # ---- profiles ------------------------------------------------------------------------

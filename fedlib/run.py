@@ -119,6 +119,8 @@ class Experiment:
         weights = self.sizes[sel] / self.sizes[sel].sum()
         rec = {"train_loss": float((metrics["train_loss"] * weights).sum()),
                "clients": len(selected), "bytes_up": int(up), "bytes_down": int(down)}
+        if "update_norm" in metrics:  # DP algorithms report each client's update norm before clipping
+            rec["update_norm_median"] = float(metrics["update_norm"].median())
         rec.update(algo.round_metrics(self.server_state, ctx))
         return rec
 

@@ -45,3 +45,17 @@ def sq_norm(tree: Tree) -> torch.Tensor:
 
 def numel(tree: Tree) -> int:
     return sum(x.numel() for x in leaves(tree))
+
+
+def flatten_stacked(tree: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A dict of stacked leaves ``(m, ...)`` -> one ``(m, d)`` matrix (leaves in key order)."""
+    return torch.cat([tree[k].reshape(tree[k].shape[0], -1) for k in tree], dim=1)
+
+
+def unflatten_like(flat: torch.Tensor, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`flatten_stacked` for one (unstacked) vector ``flat`` of length d."""
+    out, i = {}, 0
+    for k, v in like.items():
+        out[k] = flat[i:i + v.numel()].reshape(v.shape).to(v.dtype)
+        i += v.numel()
+    return out

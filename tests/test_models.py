@@ -5,7 +5,7 @@ from fedlib.models import McMahanCNN, MoonDpapCNN, build_model, count_parameters
 
 def test_shapes_and_repr():
     x = torch.randn(5, 1, 28, 28)
-    for name, dim in (("cnn", 128), ("mcmahan_cnn", 512)):
+    for name, dim in (("cnn", 128), ("mcmahan_cnn", 512), ("mlp", 100)):
         m = build_model(name)
         assert m(x).shape == (5, 10)
         logits, rep = m(x, return_repr=True)
@@ -15,6 +15,7 @@ def test_shapes_and_repr():
 def test_parameter_counts():
     assert count_parameters(McMahanCNN()) == 1_663_370  # as stated by McMahan et al. 2017
     assert count_parameters(MoonDpapCNN()) == 424_266
+    assert count_parameters(build_model("mlp")) == 784 * 100 + 100 + 100 * 10 + 10
 
 
 def test_explicit_dropout_mask():

@@ -82,10 +82,14 @@ def psnr(a: torch.Tensor, b: torch.Tensor, data_range: float = 1.0) -> float:
 
 def dlg_attack(model: nn.Module, grads: dict[str, torch.Tensor], shape: tuple[int, ...],
                truth: torch.Tensor | None = None, steps: int = 100, seed: int = 0,
-               data_range: float = 1.0, distance: str = "l2") -> Reconstruction:
+               data_range: float = 1.0, distance: str = "l2", box: bool = True) -> Reconstruction:
     """Reconstruct one input from ``grads`` by L-BFGS on a gradient distance: ``l2`` (DLG's
     squared distance) or ``cosine`` (1 - cosine similarity, Geiping et al. 2020), which is
-    blind to the gradient's scale and so unaffected by clipping."""
+    blind to the gradient's scale and so unaffected by clipping.
+
+    ``box``: the attacker knows the pixel range and projects the dummy image into
+    ``[0, data_range]`` after every L-BFGS step (without it, a noisy target gradient drives the
+    dummy to huge values and the error measures divergence, not leakage)."""
     if distance not in ("l2", "cosine"):
         raise ValueError(f"distance must be l2 or cosine, got {distance!r}")
     label = infer_label(grads)
@@ -112,6 +116,9 @@ def dlg_attack(model: nn.Module, grads: dict[str, torch.Tensor], shape: tuple[in
     dist = float("nan")
     for _ in range(steps):
         dist = float(opt.step(closure).detach())
+        if box:
+            with torch.no_grad():
+                dummy.clamp_(0.0, data_range)
     img = dummy.detach()
     if truth is None:
         return Reconstruction(img, label, float("nan"), float("nan"), dist)

@@ -1,0 +1,35 @@
+"""LDP-FL (Sun, Qian, Chen, IJCAI 2021, Alg. 2), the FDL paper's LDP baseline.
+
+Each client clamps every coordinate of its update to the public range ``[-c, c]``
+(``ldp_clip``) and replaces it by one of two values ``+/- c (e^eps + 1) / (e^eps - 1)``,
+with the probability that makes it unbiased (:func:`fedlib.privacy.local.two_point`). All
+``d`` coordinates are reported, one bit each. Per coordinate this is ``eps``-LDP; for the
+whole update, by composition, ``d eps`` (the paper's parameter shuffling hides which client
+sent what from the server, an anonymity argument that does not lower this bound).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fedlib.algorithms.sparse import SparseUpload
+from fedlib.privacy.local import ldp_fl_epsilon, two_point
+
+
+class LdpFl(SparseUpload):
+    name = "ldp_fl"
+    stream = 61
+
+    def encode(self, flat: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        c = self.config
+        values = two_point(flat, 0.0, c.ldp_clip, c.ldp_epsilon, generator)
+        return {"mask": torch.ones_like(flat, dtype=torch.bool), "values": values}
+
+    def value_bytes(self) -> float:
+        return 1 / 8  # two possible values: one bit (and no index: every coordinate is sent)
+
+    def upload_bytes(self, upload) -> int:
+        return int(-(-upload["mask"].numel() // 8))
+
+    def epsilon_per_round(self) -> float:
+        return ldp_fl_epsilon(self.config.ldp_epsilon, self.dims)

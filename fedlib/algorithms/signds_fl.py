@@ -1,0 +1,41 @@
+"""SignDS-FL (Jiang, Zhou, Grossklags, ACM TIST 13(5) 2022, Alg. 2), as in MindSpore Federated.
+
+Each client draws a random sign ``s``, forms the top-k set of ``s * update``
+(``k = ceil(kappa d)``), draws how many ``nu`` of its ``h`` reported dimensions come from that
+set by the exponential mechanism (:func:`fedlib.privacy.local.signds_nu_log_probs`), and
+reports ``nu`` dimensions uniformly from the top-k set and ``h - nu`` from the rest, with
+the sign ``s``. The server moves each reported dimension by ``eta_g s`` averaged over
+clients: ``w_j <- w_j + eta_g (1/m) sum_i s_i 1[j in J_i]``. ``eps``-LDP per round. The
+step size is fixed (MindSpore's private step-size estimate would spend extra budget).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fedlib.algorithms.sparse import SparseUpload
+from fedlib.privacy.local import signds_epsilon, signds_select
+
+
+class SignDsFl(SparseUpload):
+    name = "signds_fl"
+    stream = 62
+
+    def encode(self, flat: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        c = self.config
+        d = flat.shape[1]
+        k = max(1, math.ceil(c.signds_k * d))
+        h = min(c.signds_h, d)
+        nu_th = math.ceil(c.signds_threshold * h)
+        mask, signs, nu = signds_select(flat, k, h, nu_th, c.ldp_epsilon, generator)
+        self.stats = {"nu_mean": float(nu.float().mean()), "nu_threshold": nu_th}
+        values = torch.where(mask, c.signds_lr * signs[:, None], torch.zeros_like(flat))
+        return {"mask": mask, "values": values}
+
+    def upload_bytes(self, upload) -> int:
+        return int(upload["mask"].sum()) * 4 + 1  # h indices and one sign
+
+    def epsilon_per_round(self) -> float:
+        return signds_epsilon(self.config.ldp_epsilon)

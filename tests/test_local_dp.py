@@ -1,0 +1,171 @@
+"""Local-DP mechanisms (fedlib.privacy.local) and the LDP algorithms: distributions, exact
+counts of what leaves a client, and the epsilon each reports."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from fedlib.algorithms import ALGORITHMS
+from fedlib.algorithms.base import RoundContext
+from fedlib.config import Config
+from fedlib.models import build_model
+from fedlib.privacy import local
+from fedlib.privacy.noise import generator_for
+
+
+def chi2_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
+    probs = np.asarray(probs, dtype=np.float64)
+    expected = probs / probs.sum() * counts.sum()
+    return float(stats.chisquare(counts.astype(np.float64), expected).pvalue)
+
+
+def test_exponential_mechanism_frequencies():
+    u = torch.tensor([0.0, 0.3, 1.0, 0.6, 0.1])
+    eps = 2.0
+    logw = local.exponential_mechanism_log_weights(u, eps)
+    n = 40_000
+    picks = local.gumbel_top_k(logw.expand(n, -1), 1, generator_for(1, 2)).squeeze(1).numpy()
+    counts = np.bincount(picks, minlength=5)
+    probs = np.exp(eps * u.numpy() / 2)
+    probs /= probs.sum()
+    assert chi2_pvalue(counts, probs) > 1e-3
+    # a wrong law (weights exp(eps u)) is rejected: the test can fail
+    wrong = np.exp(eps * u.numpy())
+    assert chi2_pvalue(counts, wrong / wrong.sum()) < 1e-6
+
+
+def exact_ordered_probs(w: np.ndarray, k: int) -> dict[tuple, float]:
+    out = {}
+    for seq in itertools.permutations(range(len(w)), k):
+        p, left = 1.0, w.sum()
+        for j in seq:
+            p *= w[j] / left
+            left -= w[j]
+        out[seq] = p
+    return out
+
+
+@pytest.mark.parametrize("sampler", ["gumbel", "sequential"])
+def test_gumbel_top_k_equals_sequential_sampling(sampler):
+    w = np.array([0.5, 1.0, 2.0, 4.0])
+    exact = exact_ordered_probs(w, 2)
+    keys = list(exact)
+    g = generator_for(3, sampler == "gumbel")
+    n = 12_000 if sampler == "gumbel" else 3_000
+    if sampler == "gumbel":
+        draws = local.gumbel_top_k(torch.tensor(np.log(w)).expand(n, -1), 2, g).numpy()
+    else:
+        draws = np.stack([local.sequential_sample(torch.tensor(w), 2, g).numpy() for _ in range(n)])
+    counts = np.array([np.sum((draws[:, 0] == a) & (draws[:, 1] == b)) for a, b in keys])
+    assert chi2_pvalue(counts, np.array([exact[k] for k in keys])) > 1e-3
+
+
+def test_gumbel_top_k_never_picks_excluded_and_validates_k():
+    logw = torch.tensor([[0.0, -math.inf, 1.0, -math.inf]])
+    for s in range(50):
+        assert set(local.gumbel_top_k(logw, 2, generator_for(s)).flatten().tolist()) == {0, 2}
+    with pytest.raises(ValueError):
+        local.gumbel_top_k(logw, 5, generator_for(0))
+
+
+def test_laplace_values_scale_and_support():
+    values = torch.zeros(200, 50)
+    mask = torch.rand(200, 50, generator=generator_for(5)) < 0.3
+    out = local.laplace_values(values, mask, 3.0, generator_for(6))
+    assert (out[~mask] == 0).all()
+    noise = out[mask].numpy()
+    assert stats.kstest(noise, stats.laplace(scale=3.0).cdf).pvalue > 1e-3
+    assert stats.kstest(noise, stats.laplace(scale=2.0).cdf).pvalue < 1e-6
+
+
+def test_two_point_is_unbiased_and_two_valued():
+    w = torch.tensor([-0.01, -0.004, 0.0, 0.007, 0.01]).expand(100_000, -1)
+    eps, r = 0.5, 0.01
+    out = local.two_point(w, 0.0, r, eps, generator_for(7))
+    level = r * (math.e ** eps + 1) / (math.e ** eps - 1)
+    assert np.allclose(np.abs(np.unique(out.numpy())), level, rtol=1e-6) and len(np.unique(out.numpy())) == 2
+    se = level / math.sqrt(100_000)
+    assert torch.allclose(out.mean(0).double(), w[0].double(), atol=5 * se)
+    var = level ** 2 - w[0] ** 2  # the mechanism's variance formula
+    assert torch.allclose(out.var(0).double(), var.double(), rtol=0.03)
+
+
+def test_signds_nu_distribution_matches_formula():
+    d, k, h, nu_th, eps = 40, 8, 6, 4, 3.0
+    logp = local.signds_nu_log_probs(d, k, h, nu_th, eps)
+    tau = np.arange(h + 1)
+    w = np.array([math.comb(k, t) * math.comb(d - k, h - t) * math.exp(eps * (t >= nu_th)) for t in tau])
+    assert np.allclose(logp.exp().numpy(), w / w.sum())
+    n = 20_000
+    upd = torch.randn(n, d, generator=generator_for(8))
+    mask, signs, nu = local.signds_select(upd, k, h, nu_th, eps, generator_for(9))
+    assert (mask.sum(1) == h).all()
+    top = torch.topk(signs[:, None] * upd, k, dim=1).indices
+    in_top = torch.zeros(n, d, dtype=torch.bool).scatter(1, top, True)
+    assert ((mask & in_top).sum(1) == nu).all()  # exactly nu reported dimensions from the top-k set
+    counts = np.bincount(nu.numpy(), minlength=h + 1)
+    assert chi2_pvalue(counts[w > 1e-12 * w.sum()], (w / w.sum())[w > 1e-12 * w.sum()]) > 1e-3
+
+
+def test_epsilon_functions_equal_hand_computation():
+    assert local.ldp_fl_epsilon(0.5, 1000) == 500.0
+    assert local.signds_epsilon(0.7) == 0.7
+    assert local.fdl_corrected_epsilon(0.25, 0.25) == 0.5
+    pub = local.fdl_published_epsilon(0.5, 1000)
+    assert pub["nominal"] == 0.5 and pub["composed_ignoring_filter"] == 1000.0 and pub["true"] == math.inf
+
+
+# ---- the algorithms: what leaves a client --------------------------------------------------------
+def encode(algorithm: str, **kw):
+    cfg = Config(algorithm=algorithm, dataset="mnist", model="mlp", clients=4, **kw).validate()
+    model = build_model("mlp")
+    algo = ALGORITHMS[algorithm](cfg, model)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    delta = {k: torch.randn((4, *v.shape), generator=generator_for(10)) * 1e-2 for k, v in params.items()}
+    ctx = RoundContext(0, params, algo.hyper(0), {})
+    up = algo.privatize({"delta": delta}, [0, 1, 2, 3], ctx)
+    return cfg, algo, up, delta
+
+
+def test_fdl_corrected_sends_exactly_k_pairs_and_nothing_else():
+    cfg, algo, up, _ = encode("fdl", fdl_mode="corrected", fdl_k=50, ldp_epsilon=1.0)
+    assert set(up) == {"mask", "values", "scale"}
+    assert (up["mask"].sum(1) == 50).all()
+    assert (up["values"][~up["mask"]] == 0).all()
+    assert algo.upload_bytes({k: v[0] for k, v in up.items()}) == 50 * 8
+    assert algo.epsilon_per_round() == pytest.approx(1.0)
+
+
+def test_fdl_as_published_sends_th_of_the_filtered_dimensions():
+    cfg, algo, up, delta = encode("fdl", fdl_r=0.3, fdl_th=0.8)
+    flat = torch.cat([v.reshape(4, -1) for v in delta.values()], 1)
+    v = flat / flat.abs().amax(1, keepdim=True)
+    kept = v.abs() > 0.3
+    th = torch.floor(0.8 * kept.sum(1).double()).long()
+    assert (up["mask"].sum(1) == th).all()
+    assert not (up["mask"] & ~kept).any()  # only dimensions that passed the filter
+    assert (up["values"][~up["mask"]] == 0).all()
+    assert algo.epsilon_per_round() == math.inf
+    m = algo.round_metrics({}, RoundContext(0, {}, {}, {}))
+    assert m["epsilon_nominal"] == 0.5
+    assert m["epsilon_composed_ignoring_filter"] == pytest.approx(2 * 0.5 * round(float(th.double().mean())))
+
+
+def test_signds_and_ldp_fl_uploads():
+    cfg, algo, up, _ = encode("signds_fl", signds_h=30)
+    assert (up["mask"].sum(1) == 30).all()
+    vals = up["values"][up["mask"]].abs()
+    assert torch.allclose(vals, torch.full_like(vals, cfg.signds_lr))
+    cfg, algo, up, _ = encode("ldp_fl")
+    assert up["mask"].all() and algo.epsilon_per_round() == pytest.approx(0.5 * algo.dims)
+
+
+def test_local_dp_config_errors():
+    with pytest.raises(Exception, match="fdl_mode"):
+        Config(algorithm="fdl", fdl_mode="typo").validate()
+    with pytest.raises(Exception, match="ldp_epsilon"):
+        Config(algorithm="ldp_fl", ldp_epsilon=0).validate()
