@@ -38,6 +38,9 @@ notebooks: $(DATA_STAMP)
 
 book: notebooks
 	$(VENV)/bin/jupyter-book build -W -n --keep-going book/
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then \
+		$(PY) -m fedlib.browser_check book/_build/html --screenshots book/_build/screenshots; \
+	else echo "chromium not installed: skipping the browser check of the book"; fi
 	@echo "book: $(CURDIR)/book/_build/html/index.html"
 
 # ---- tests ------------------------------------------------------------------------------

@@ -10,7 +10,10 @@ Measures, in one process and on one setting (dataset, model, clients, samples, b
 * ``default_s``: the path the engine picks by itself on this device;
 * ratios ``overhead_sequential = sequential_s / floor_s``,
   ``speedup_vectorized = sequential_s / vectorized_s``, ``default_vs_floor = default_s / floor_s``;
-* round times of the other algorithms that exist in :data:`fedlib.algorithms.ALGORITHMS`.
+* round times of MOON, SCAFFOLD and MOON-DPAP with every component and client-level DP on
+  (``moon_dpap_dp_s``; ``moon_dpap_dp_vs_fedavg`` is its ratio to a FedAvg round);
+* :func:`clients_sweep`: round time against the number of clients at a fixed total of data,
+  per engine path (the book's benchmark page plots it).
 
 With ``--json`` the last line is one JSON object with these keys.
 """
@@ -27,14 +30,19 @@ import time
 import torch
 import torch.nn.functional as F
 
-from fedlib.algorithms import ALGORITHMS
 from fedlib.config import Config
 from fedlib.engine import Executor, default_path
 from fedlib.models import build_model
 from fedlib.run import Experiment, evaluate, pick_device
 
-#: Algorithms whose round time the benchmark reports when they are implemented.
-OTHER_ALGORITHMS = ("moon", "scaffold", "moon_dpap")
+#: Other algorithms whose round time the benchmark reports: name -> config changes.
+OTHER_ALGORITHMS = {
+    "moon": dict(algorithm="moon"),
+    "scaffold": dict(algorithm="scaffold"),
+    "moon_dpap_dp": dict(algorithm="moon_dpap", cosine_lr=True, lr_min=0.0005, dropout=0.2, prune=True,
+                         prune_t_max=0.005, moon_tau=0.5, tau_min=0.1, mu_max=0.05, dp="central",
+                         dp_epsilon=1.0, dp_clip=0.5, dp_delta=1e-5),
+}
 
 
 def _sync(device: torch.device) -> None:
@@ -108,13 +116,22 @@ def benchmark(config: Config, device: torch.device, rounds: int = 3,
     out["speedup_vectorized"] = out["sequential_s"] / out["vectorized_s"] if "vectorized_s" in out else None
     out["default_vs_floor"] = out["default_s"] / out["floor_s"]
     out["rounds_per_s"] = 1.0 / out["default_s"]
-    for name in OTHER_ALGORITHMS:
-        if name in ALGORITHMS:
-            out[f"{name}_s"] = time_rounds(config.replace(algorithm=name), device, default, rounds)[0]
-        else:
-            out[f"{name}_s"] = None  # not implemented yet
+    for name, changes in OTHER_ALGORITHMS.items():
+        out[f"{name}_s"] = time_rounds(config.replace(**changes), device, default, rounds)[0]
+    out["moon_dpap_dp_vs_fedavg"] = out["moon_dpap_dp_s"] / out["default_s"]
     out["peak_mem_mb"] = peak_memory_mb(device)
     return out
+
+
+def clients_sweep(config: Config, device: torch.device, clients: list[int], paths: tuple[str, ...],
+                  rounds: int = 2) -> list[dict]:
+    """Seconds per FedAvg round for each number of clients (same total data) and path."""
+    rows = []
+    for n in clients:
+        cfg = config.replace(clients=n, partition="iid")
+        for path in paths:
+            rows.append({"clients": n, "path": path, "round_s": time_rounds(cfg, device, path, rounds)[0]})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -115,13 +115,17 @@ def run_vectorized(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, plan: Roun
     init = vmap(lambda _, c: algo.client_init(c, ctx), randomness="error")
     step = vmap(lambda _, s, b, c: algo.client_step(s, b, c, ctx), randomness="error")
     final = vmap(lambda _, s, c: algo.client_final(s, c, ctx), randomness="error")
-    s = init(ids, cstates)
-    active = plan.active
-    shortest = min(plan.steps)
-    for j in range(max(plan.steps)):
-        new = step(ids, s, _batch(x, y, plan, slice(None), j), cstates)
-        s = new if j < shortest else where(active[:, j], new, s)
-    return final(ids, s, cstates)
+    algo.functional = True
+    try:
+        s = init(ids, cstates)
+        active = plan.active
+        shortest = min(plan.steps)
+        for j in range(max(plan.steps)):
+            new = step(ids, s, _batch(x, y, plan, slice(None), j), cstates)
+            s = new if j < shortest else where(active[:, j], new, s)
+        return final(ids, s, cstates)
+    finally:
+        algo.functional = False
 
 
 def subplan(plan: RoundPlan, rows: list[int]) -> RoundPlan:

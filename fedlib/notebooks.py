@@ -22,6 +22,47 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO_ROOT / "notebooks"
 CHAPTERS = REPO_ROOT / "book" / "chapters"
+#: Pages that summarise the others: executed last, in this order.
+SUMMARY_PAGES = ("rerun", "ledger")
+
+
+def ordered(sources: list[Path]) -> list[Path]:
+    """Chapter notebooks in name order, then the summary pages (which read what the others
+    recorded)."""
+    rest = sorted(s for s in sources if s.stem not in SUMMARY_PAGES)
+    last = [s for name in SUMMARY_PAGES for s in sources if s.stem == name]
+    return rest + last
+
+
+def timings_dir() -> Path:
+    from fedlib.results import results_dir
+
+    return results_dir().parent / "timings"
+
+
+def record_timing(stem: str, wall_s: float, profile: str, run_log: Path) -> None:
+    """``data/timings/<stem>.json``: the notebook's wall time now, and the compute time of the
+    runs behind it (their recorded durations, whether computed now or loaded from the cache),
+    i.e. what the page costs from scratch on the device that computed its runs."""
+    import json
+
+    import torch
+
+    from fedlib.results import atomic_write_bytes, git_commit
+
+    runs = {}
+    if run_log.exists():
+        for line in run_log.read_text().splitlines():
+            r = json.loads(line)
+            runs[r["key"]] = r
+    payload = {"notebook": stem, "profile": profile, "wall_s": round(wall_s, 1), "runs": len(runs),
+               "computed_now": sum(not r["cached"] for r in runs.values()),
+               "runs_compute_s": round(sum(r["duration_s"] or 0.0 for r in runs.values()), 1),
+               "devices": sorted({str(r["device"]) for r in runs.values()}),
+               "cpus": os.cpu_count(), "cuda": torch.cuda.is_available(), "commit": git_commit(),
+               "run_seconds": {k: r["duration_s"] for k, r in runs.items()}}
+    atomic_write_bytes(timings_dir() / f"{stem}.json", json.dumps(payload, indent=1).encode())
+    run_log.unlink(missing_ok=True)
 
 
 def execute(src: Path, dst: Path, parameters: dict, kernel: str = "python3") -> None:
@@ -60,14 +101,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=CHAPTERS)
     args = p.parse_args(argv)
     params = {"profile": args.profile, **{k: _value(v) for k, v in args.parameter}}
-    sources = sorted(NOTEBOOKS.glob("*.ipynb"))
+    sources = ordered(list(NOTEBOOKS.glob("*.ipynb")))
     if args.only:
+        unknown = set(args.only) - {s.stem for s in sources}
+        if unknown:
+            p.error(f"no such notebook(s): {sorted(unknown)}")
         sources = [s for s in sources if s.stem in args.only]
+    timings_dir().mkdir(parents=True, exist_ok=True)
     for src in sources:
         t0 = time.time()
         print(f"executing {src.name} ({params}) ...", flush=True)
-        execute(src, args.out / src.name, params)
-        print(f"  done in {time.time() - t0:.0f} s", flush=True)
+        log = timings_dir() / f".{src.stem}.runs.jsonl"
+        log.unlink(missing_ok=True)
+        os.environ["FEDLIB_RUN_LOG"] = str(log)
+        try:
+            execute(src, args.out / src.name, params)
+        finally:
+            os.environ.pop("FEDLIB_RUN_LOG", None)
+        wall = time.time() - t0
+        record_timing(src.stem, wall, args.profile, log)
+        print(f"  done in {wall:.0f} s", flush=True)
     return 0
 
 

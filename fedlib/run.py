@@ -8,6 +8,8 @@ result atomically.
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
 
@@ -164,7 +166,9 @@ def run(config: Config, *, engine: str = "auto", device: str | torch.device | No
     root = Path(root or results_dir())
     out = result_path(config, root)
     if out.exists() and not force:
-        return Result.load(out)
+        result = Result.load(out)
+        _log_run(result, cached=True)
+        return result
 
     dev = pick_device(device)
     path = default_path(dev) if engine == "auto" else engine
@@ -194,7 +198,21 @@ def run(config: Config, *, engine: str = "auto", device: str | torch.device | No
     atomic_torch_save(tmap(lambda p: p.cpu(), exp.gparams), model_path(config, root))
     result.save(out)
     ckpt.unlink(missing_ok=True)
+    _log_run(result, cached=False)
     return result
+
+
+def _log_run(result: Result, cached: bool) -> None:
+    """Append one line per run to ``$FEDLIB_RUN_LOG`` when it is set (``fedlib.notebooks`` sets
+    it per notebook, to report what each page costs to compute from scratch)."""
+    path = os.environ.get("FEDLIB_RUN_LOG")
+    if not path:
+        return
+    line = {"key": result.config.key(), "algorithm": result.config.algorithm, "cached": cached,
+            "duration_s": result.meta.get("duration_s"), "device": result.meta.get("device"),
+            "engine": result.meta.get("engine")}
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 def load_model(result: Result, root: Path | None = None) -> tuple[nn.Module, dict[str, torch.Tensor]]:

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from fedlib.config import ConfigError
 from fedlib.experiments import dpfl, fdl
 
 
@@ -16,7 +17,7 @@ def test_dpfl_config_spends_the_target_epsilon():
     assert rdp == pytest.approx(1.0, rel=2e-3)
     assert dpfl.true_epsilon(c, "pld") <= rdp  # PLD is tighter
     assert dpfl.true_epsilon(dpfl.config_for("quick", None)) == math.inf
-    with pytest.raises(Exception):
+    with pytest.raises(ConfigError):
         dpfl.scale("nonsense")
 
 
@@ -41,8 +42,8 @@ def test_clipping_verdict():
 
 def test_fdl_configs_and_published_privacy():
     c = fdl.config_for("fdl_corrected", "paper", partition="noniid", epsilon=0.25)
-    assert (c.algorithm, c.fdl_mode, c.partition, c.ldp_epsilon, c.model) == ("fdl", "corrected", "shards", 0.25,
-                                                                             "mcmahan_cnn")
+    got = (c.algorithm, c.fdl_mode, c.partition, c.ldp_epsilon, c.model)
+    assert got == ("fdl", "corrected", "shards", 0.25, "mcmahan_cnn")
     assert fdl.config_for("noldp", "quick").algorithm == "fedavg"
     t = fdl.published_privacy(1000, 0.5).set_index("method")
     assert t.loc["LDP-FL"].iloc[1] == 500.0 and t.loc["FDL as published"].iloc[1] == math.inf

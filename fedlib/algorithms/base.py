@@ -133,9 +133,27 @@ class Algorithm:
         """Hook for gradient corrections (SCAFFOLD); identity here."""
         return grads
 
+    #: True while the engine runs this algorithm under ``torch.func.vmap`` (vectorized path).
+    functional: bool = False
+
+    def loss_and_grad(self, params: Params, *args) -> tuple[Params, torch.Tensor]:
+        """Gradients of :meth:`loss` w.r.t. ``params`` and the loss. Under ``vmap`` (the
+        vectorized path) through ``torch.func.grad_and_value``; otherwise with plain autograd,
+        which computes the same numbers without functorch's per-op wrapping (about 10 % of a
+        small CNN's step on a CPU)."""
+        if self.functional:
+            return grad_and_value(self.loss)(params, *args)
+        leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+        with torch.enable_grad():
+            loss = self.loss(leaves, *args)
+        grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+        out = {k: g if g is not None else torch.zeros_like(leaves[k])
+               for k, g in zip(leaves, grads, strict=True)}
+        return out, loss.detach()
+
     def client_step(self, sstate: Tree, batch: dict[str, torch.Tensor], cstate: Tree,
                     ctx: RoundContext) -> Tree:
-        grads, loss = grad_and_value(self.loss)(sstate["params"], batch, sstate, cstate, ctx)
+        grads, loss = self.loss_and_grad(sstate["params"], batch, sstate, cstate, ctx)
         grads = self.correct_grad(grads, sstate, cstate, ctx)
         h = ctx.hyper
         params, mom = sgd_update(sstate["params"], sstate["mom"], grads,

@@ -12,6 +12,7 @@ notebooks only show it.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from fedlib.attacks.membership import (
 )
 from fedlib.config import Config, get_profile
 from fedlib.privacy.accounting import calibrate_constant_noise, epsilon_of_gaussian_rounds
+from fedlib.results import atomic_write_bytes, results_dir
 from fedlib.run import Experiment, load_model, run
 
 #: The federation of the chapter (our choices; the article gives none).
@@ -39,6 +41,11 @@ SETTING = Config(
     client_fraction=0.1, rounds=50, local_epochs=1, batch_size=10, lr=0.1, momentum=0.0,
     server_lr=1.0, dp="none", dp_clip=0.5, dp_delta=1e-5, dp_noise_multiplier=0.0,
 )
+
+#: Settings the sources give (field: where). The article itself gives none for experiments.
+GIVEN = {"clip_quantile": "Andrew et al. 2021 (gamma = 0.5)", "clip_lr": "Andrew et al. 2021 (eta_C = 0.2)",
+         "clip_count_std": "Andrew et al. 2021 (sigma_b = m / 20)",
+         "algorithm": "the article's DP-FedAvg (McMahan et al. 2018)"}
 
 #: Per-profile size of the chapter's runs: rounds, test samples, seeds. Full training data in
 #: every profile (60 images per client), because client-level DP needs the 1,000 clients.
@@ -238,14 +245,29 @@ class AuditRow:
     accuracy: float
 
 
-def membership_audit(config: Config) -> AuditRow:
-    """Loss-threshold attack (Yeom et al. 2018) on the final global model: members are the
-    training images, non-members the same number of held-out test images."""
+def audit_losses(config: Config) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample losses of the final global model on its training images (members) and on
+    as many held-out test images (non-members); cached beside the results, so the audit can
+    be redone without the model file."""
+    path = results_dir() / "audits" / f"{config.algorithm}-{config.key()}.json"
+    if path.exists():
+        d = json.loads(path.read_text())
+        return np.array(d["members"]), np.array(d["nonmembers"])
     result = run(config, progress=False)
     model, params = load_model(result)
     data = Experiment(config, torch.device("cpu")).data
     members = per_sample_losses(model, params, data.x_train, data.y_train)
     nonmembers = per_sample_losses(model, params, data.x_test, data.y_test)
+    payload = {"members": [float(v) for v in members], "nonmembers": [float(v) for v in nonmembers]}
+    atomic_write_bytes(path, json.dumps(payload).encode())
+    return members, nonmembers
+
+
+def membership_audit(config: Config) -> AuditRow:
+    """Loss-threshold attack (Yeom et al. 2018) on the final global model: members are the
+    training images, non-members the same number of held-out test images."""
+    result = run(config, progress=False)
+    members, nonmembers = audit_losses(config)
     eps = true_epsilon(config)
     return AuditRow(eps, loss_threshold_attack(members, nonmembers, seed=config.seed),
                     100 * result.final["test_acc"])

@@ -23,6 +23,12 @@ PAPER_SETTING = Config(
     momentum=0.0, weight_decay=0.0, moon_mu=0.01,
 )
 
+#: Settings the paper gives (field: where).
+GIVEN = {"dataset": "Sec. 4.1", "model": "Sec. 4.1 (layer types only)", "clients": "Sec. 4.1",
+         "partition": "Sec. 4.1 (Dirichlet; alpha not given)", "client_fraction": "Sec. 4.1",
+         "rounds": "Sec. 4.1", "local_epochs": "Sec. 4.1", "batch_size": "Sec. 4.1", "lr": "Sec. 4.1",
+         "moon_mu": "Sec. 4.2 (best mu)"}
+
 #: MOON-DPAP with every component on (the values the paper does not give are ours).
 FULL_DPAP = dict(algorithm="moon_dpap", cosine_lr=True, lr_min=0.0005, dropout=0.2, prune=True,
                  prune_t_min=0.0, prune_t_max=0.005, moon_tau=0.5, tau_min=0.1, moon_mu=0.01,

@@ -1,0 +1,177 @@
+"""Open the built book in headless Chromium and check every page.
+
+``python -m fedlib.browser_check book/_build/html [--screenshots DIR]`` loads each HTML page
+(after its scripts ran, so MathJax has typeset the math), and fails on:
+
+* an image whose file is missing (or an ``<img>`` without a source);
+* an internal link to a file that does not exist;
+* raw, unrendered math left in the text (``$$``, ``\\(``, ``\\[``, ``\\begin{``) or a page with
+  math markup but no typeset formula;
+
+and saves one screenshot per page. Needs Debian's ``chromium`` (``.ci/run`` installs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
+RAW_MATH = re.compile(r"\$\$|\\\(|\\\[|\\begin\{")
+SKIP_PAGES = {"genindex.html", "search.html"}
+
+
+def find_chromium() -> str | None:
+    for name in CHROMIUM_NAMES:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def _flags(profile_dir: str) -> list[str]:
+    return ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--no-first-run", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={profile_dir}", "--hide-scrollbars", "--window-size=1280,1400",
+            "--virtual-time-budget=8000"]
+
+
+class _Page(HTMLParser):
+    """Collects image sources, link targets, visible text and typeset-math markers."""
+
+    def __init__(self):
+        super().__init__()
+        self.images: list[str | None] = []
+        self.links: list[str] = []
+        self.text: list[str] = []
+        self.typeset = 0
+        self.math_markup = 0
+        self._skip = 0  # depth inside script/style/typeset math, whose text is not prose
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "img":
+            self.images.append(a.get("src"))
+        elif tag == "a" and a.get("href"):
+            self.links.append(a["href"])
+        if tag.startswith("mjx-"):
+            self.typeset += tag == "mjx-container"
+        cls = a.get("class") or ""
+        if "math" in cls.split():
+            self.math_markup += 1
+        if tag in ("script", "style", "mjx-container", "mjx-assistive-mml", "code", "pre", "textarea"):
+            self._skip += 1
+
+    def handle_endtag(self, tag):
+        if tag in ("script", "style", "mjx-container", "mjx-assistive-mml", "code", "pre", "textarea"):
+            self._skip = max(0, self._skip - 1)
+
+    def handle_data(self, data):
+        if not self._skip:
+            self.text.append(data)
+
+
+@dataclass
+class PageReport:
+    page: str
+    problems: list[str] = field(default_factory=list)
+    screenshot: Path | None = None
+
+
+def _local_target(page: Path, ref: str, root: Path) -> Path | None:
+    u = urlparse(ref)
+    if u.scheme in ("http", "https", "mailto", "data", "javascript") or (not u.path and u.fragment):
+        return None
+    if u.scheme == "file":
+        return Path(unquote(u.path))
+    if not u.path:
+        return None
+    return (page.parent / unquote(u.path)).resolve()
+
+
+def check_page(chromium: str, page: Path, root: Path, shots: Path | None) -> PageReport:
+    rel = str(page.relative_to(root))
+    report = PageReport(rel)
+    with tempfile.TemporaryDirectory() as prof:
+        dom = subprocess.run([chromium, *_flags(prof), "--dump-dom", page.as_uri()], capture_output=True,
+                             text=True, timeout=120)
+        if dom.returncode != 0 or not dom.stdout.strip():
+            report.problems.append(f"chromium could not load the page: {dom.stderr.strip()[-300:]}")
+            return report
+        if shots is not None:
+            out = shots / (rel.replace("/", "__").removesuffix(".html") + ".png")
+            subprocess.run([chromium, *_flags(prof), f"--screenshot={out}", page.as_uri()],
+                           capture_output=True, timeout=120)
+            if out.exists() and out.stat().st_size > 0:
+                report.screenshot = out
+            else:
+                report.problems.append("no screenshot produced")
+    parsed = _Page()
+    parsed.feed(dom.stdout)
+    for src in parsed.images:
+        if not src:
+            report.problems.append("image without a source")
+            continue
+        target = _local_target(page, src, root)
+        if target is not None and not target.exists():
+            report.problems.append(f"missing image {src}")
+    for href in parsed.links:
+        target = _local_target(page, href, root)
+        if target is not None and not target.exists():
+            report.problems.append(f"broken internal link {href}")
+    text = " ".join(parsed.text)
+    raw = RAW_MATH.findall(text)
+    if raw:
+        i = RAW_MATH.search(text).start()
+        report.problems.append(f"raw math in the text: ...{text[max(0, i - 40):i + 40]!r}...")
+    if parsed.math_markup and not parsed.typeset:
+        report.problems.append(f"{parsed.math_markup} math element(s) but no typeset formula "
+                               "(MathJax did not run)")
+    return report
+
+
+def pages_of(html_root: Path) -> list[Path]:
+    return sorted(p for p in html_root.rglob("*.html")
+                  if p.name not in SKIP_PAGES and "_static" not in p.parts and "_sources" not in p.parts)
+
+
+def check_book(html_root: Path, shots: Path | None = None, workers: int = 2) -> list[PageReport]:
+    chromium = find_chromium()
+    if chromium is None:
+        raise RuntimeError("no Chromium found (apt-get install chromium)")
+    html_root = html_root.resolve()
+    if not (html_root / "index.html").exists():
+        raise FileNotFoundError(f"{html_root}/index.html not found: build the book first (make book)")
+    if shots is not None:
+        shots.mkdir(parents=True, exist_ok=True)
+    pages = pages_of(html_root)
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(lambda p: check_page(chromium, p, html_root, shots), pages))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="check the built book in headless Chromium")
+    p.add_argument("html", type=Path, nargs="?", default=Path("book/_build/html"))
+    p.add_argument("--screenshots", type=Path, default=Path("book/_build/screenshots"))
+    args = p.parse_args(argv)
+    reports = check_book(args.html, args.screenshots)
+    bad = [r for r in reports if r.problems]
+    for r in reports:
+        print(f"{'FAIL' if r.problems else 'ok  '} {r.page}")
+        for prob in r.problems:
+            print(f"       {prob}")
+    print(f"{len(reports)} pages, {len(bad)} with problems; screenshots in {args.screenshots}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""The browser check itself catches what it should (needs Chromium; .ci/run installs it)."""
+
+import pytest
+
+from fedlib.browser_check import check_book, find_chromium
+
+pytestmark = pytest.mark.skipif(find_chromium() is None,
+                                reason="Chromium not installed (apt-get install chromium)")
+
+GOOD = """<html><body><p>fine</p><img src="pic.svg"><a href="other.html">x</a>
+<a href="https://example.org">ext</a><a href="#top">anchor</a></body></html>"""
+BAD = """<html><body><p>raw $$x^2$$ here</p><img src="missing.png">
+<a href="nowhere.html">x</a></body></html>"""
+SVG = '<svg xmlns="http://www.w3.org/2000/svg" width="4" height="4"><rect width="4" height="4"/></svg>'
+
+
+def test_browser_check_passes_a_good_page_and_flags_a_bad_one(tmp_path):
+    (tmp_path / "index.html").write_text(GOOD)
+    (tmp_path / "other.html").write_text(GOOD)
+    (tmp_path / "pic.svg").write_text(SVG)
+    (tmp_path / "bad.html").write_text(BAD)
+    reports = {r.page: r for r in check_book(tmp_path, tmp_path / "shots")}
+    assert reports["index.html"].problems == [] and reports["index.html"].screenshot is not None
+    problems = " ".join(reports["bad.html"].problems)
+    assert "missing image missing.png" in problems
+    assert "broken internal link nowhere.html" in problems
+    assert "raw math" in problems
