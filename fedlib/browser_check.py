@@ -26,6 +26,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
+REFRESH = re.compile(r'http-equiv="refresh"[^>]*content="\d+;\s*url=([^"]+)"', re.IGNORECASE)
 RAW_MATH = re.compile(r"\$\$|\\\(|\\\[|\\begin\{")
 SKIP_PAGES = {"genindex.html", "search.html"}
 
@@ -101,6 +102,11 @@ def _local_target(page: Path, ref: str, root: Path) -> Path | None:
 def check_page(chromium: str, page: Path, root: Path, shots: Path | None) -> PageReport:
     rel = str(page.relative_to(root))
     report = PageReport(rel)
+    redirect = REFRESH.search(page.read_text(errors="replace"))
+    if redirect:  # e.g. index.html -> the root page: check the target exists (it is checked itself)
+        target = _local_target(page, redirect.group(1), root)
+        if target is not None and not target.exists():
+            report.problems.append(f"redirect to a missing page {redirect.group(1)}")
     with tempfile.TemporaryDirectory() as prof:
         dom = subprocess.run([chromium, *_flags(prof), "--dump-dom", page.as_uri()], capture_output=True,
                              text=True, timeout=120)
@@ -115,6 +121,8 @@ def check_page(chromium: str, page: Path, root: Path, shots: Path | None) -> Pag
                 report.screenshot = out
             else:
                 report.problems.append("no screenshot produced")
+    if redirect:
+        return report
     parsed = _Page()
     parsed.feed(dom.stdout)
     for src in parsed.images:

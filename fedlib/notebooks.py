@@ -86,6 +86,22 @@ def execute(src: Path, dst: Path, parameters: dict, kernel: str = "python3") -> 
         tmp.unlink(missing_ok=True)
 
 
+def execute_timed(src: Path, dst: Path, parameters: dict) -> float:
+    """:func:`execute` and record what the page cost (:func:`record_timing`); returns seconds."""
+    timings_dir().mkdir(parents=True, exist_ok=True)
+    log = timings_dir() / f".{src.stem}.runs.jsonl"
+    log.unlink(missing_ok=True)
+    t0 = time.time()
+    os.environ["FEDLIB_RUN_LOG"] = str(log)
+    try:
+        execute(src, dst, parameters)
+    finally:
+        os.environ.pop("FEDLIB_RUN_LOG", None)
+    wall = time.time() - t0
+    record_timing(src.stem, wall, str(parameters.get("profile", "?")), log)
+    return wall
+
+
 def _value(text: str):
     try:
         return ast.literal_eval(text)
@@ -107,19 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             p.error(f"no such notebook(s): {sorted(unknown)}")
         sources = [s for s in sources if s.stem in args.only]
-    timings_dir().mkdir(parents=True, exist_ok=True)
     for src in sources:
-        t0 = time.time()
         print(f"executing {src.name} ({params}) ...", flush=True)
-        log = timings_dir() / f".{src.stem}.runs.jsonl"
-        log.unlink(missing_ok=True)
-        os.environ["FEDLIB_RUN_LOG"] = str(log)
-        try:
-            execute(src, args.out / src.name, params)
-        finally:
-            os.environ.pop("FEDLIB_RUN_LOG", None)
-        wall = time.time() - t0
-        record_timing(src.stem, wall, args.profile, log)
+        wall = execute_timed(src, args.out / src.name, params)
         print(f"  done in {wall:.0f} s", flush=True)
     return 0
 

@@ -11,7 +11,7 @@ import nbformat
 import pytest
 
 from fedlib.browser_check import check_book, find_chromium
-from fedlib.notebooks import CHAPTERS, NOTEBOOKS, execute, ordered
+from fedlib.notebooks import CHAPTERS, NOTEBOOKS, execute_timed, ordered
 
 SOURCES = ordered(list(NOTEBOOKS.glob("*.ipynb")))
 BOOK = CHAPTERS.parent
@@ -38,7 +38,7 @@ def smoke_book(tmp_path_factory):
     try:
         for src in SOURCES:
             try:
-                execute(src, book / "chapters" / src.name, {"profile": "smoke"})
+                execute_timed(src, book / "chapters" / src.name, {"profile": "smoke"})
                 errors[src.stem] = None
             except Exception as e:  # noqa: BLE001 - reported by the per-notebook test
                 errors[src.stem] = f"{type(e).__name__}: {str(e)[-2000:]}"

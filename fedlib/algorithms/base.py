@@ -57,6 +57,8 @@ def sgd_update(params: Params, mom: Params, grads: Params, lr: float, momentum: 
     With zero-initialised buffers this equals PyTorch's first step (buffer = gradient).
     """
     d = tmap(lambda g, p: g + weight_decay * p, grads, params) if weight_decay else grads
+    if momentum == 0:  # plain SGD: no buffer (the zero buffers pass through unchanged)
+        return tmap(lambda p, g: p - lr * g, params, d), mom
     new_mom = tmap(lambda b, g: momentum * b + g, mom, d)
     new_params = tmap(lambda p, b: p - lr * b, params, new_mom)
     return new_params, new_mom

@@ -138,7 +138,7 @@ def summary(df: pd.DataFrame, by=("method", "partition", "epsilon")) -> pd.DataF
                 sent_frac=("sent_frac", "mean"), kept_frac=("kept_frac", "mean"),
                 bytes_up=("bytes_up", "mean"), bytes_dense=("bytes_dense", "first"))
     out["acc_std"] = out["acc_std"].fillna(0.0)
-    return out
+    return out.sort_index()
 
 
 # ---- Table 1 -----------------------------------------------------------------------------------
