@@ -318,16 +318,20 @@ def loglog_slope(x: np.ndarray, y: np.ndarray) -> float:
 
 
 # ---- the cost of DP --------------------------------------------------------------------------
-def time_rounds(config: Config, rounds: int = 5) -> float:
+def time_rounds(config: Config, rounds: int = 10) -> float:
     """Median wall time of one round of ``config`` on the sequential engine (single process,
-    so the comparison is not blurred by worker scheduling), after one warm-up round."""
+    so the comparison is not blurred by worker scheduling), after one warm-up round, per
+    *expected* number of clients: under Poisson sampling the number of clients varies from
+    round to round, so each round's time is scaled to ``q N`` clients."""
     from fedlib.engine import Executor
 
     exp = Experiment(config, torch.device("cpu"))
+    expected = config.client_fraction * config.clients
     times = []
     with Executor("sequential", exp.algo, exp.data.x_train, exp.data.y_train) as ex:
         for t in range(rounds + 1):
             t0 = time.perf_counter()
-            exp.round(t, ex)
-            times.append(time.perf_counter() - t0)
+            rec = exp.round(t, ex)
+            if rec["clients"]:
+                times.append((time.perf_counter() - t0) * expected / rec["clients"])
     return float(np.median(times[1:]))
