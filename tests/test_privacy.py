@@ -85,6 +85,23 @@ def test_reference_values_and_calibration_round_trip():
     assert epsilon_of_gaussian_rounds([z1] * 200, 1e-5, accountant="pld") == pytest.approx(8.0, abs=0.02)
 
 
+@pytest.mark.parametrize("z,q,rounds", [(1.0, 0.1, 200), (0.7, 0.01, 37), (3.0, 1.0, 5), (1.3, 0.5, 1)])
+def test_cached_rdp_curve_equals_a_fresh_accountant(z, q, rounds):
+    """The constant-z RDP shortcut (one curve, times T) gives dp-accounting's own answer, and
+    Opacus' RDP accountant agrees with it (the Poisson-sampled case included)."""
+    import dp_accounting as dpa
+    from opacus.accountants import RDPAccountant
+
+    event = dpa.GaussianDpEvent(z) if q >= 1 else dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z))
+    acc = dpa.rdp.RdpAccountant()
+    acc.compose(event, rounds)
+    for _ in range(2):  # the second call comes from the cache
+        assert epsilon_of_gaussian_rounds([z] * rounds, 1e-5, q=q, accountant="rdp") == acc.get_epsilon(1e-5)
+    opacus = RDPAccountant()
+    opacus.history = [(z, q, rounds)]
+    assert acc.get_epsilon(1e-5) == pytest.approx(opacus.get_epsilon(delta=1e-5), rel=0.03)
+
+
 def test_accountant_agrees_with_opacus_for_a_fixed_schedule():
     from opacus.accountants import RDPAccountant
 
