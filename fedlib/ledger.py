@@ -31,13 +31,9 @@ def classify(verdict: str) -> str:
         return "not testable as specified"
     if v.startswith("not reproduced"):
         return "not reproduced"
-    if v.startswith("partly") or "peak not reproduced" in v:
-        return "partly"
-    if v.startswith("reproduced"):
+    if v.startswith("reproduced") and "peak not reproduced" not in v:
         return "reproduced"
-    if v.startswith(("valid", "correct")):
-        return "partly"
-    return "partly"
+    return "partly"  # "partly ...", and statements that are valid or correct but loose
 
 
 def record(page: str, verdicts: pd.DataFrame, profile: str, paper: str, root: Path | None = None) -> Path:

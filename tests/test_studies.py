@@ -48,3 +48,16 @@ def test_fdl_configs_and_published_privacy():
     t = fdl.published_privacy(1000, 0.5).set_index("method")
     assert t.loc["LDP-FL"].iloc[1] == 500.0 and t.loc["FDL as published"].iloc[1] == math.inf
     assert t.loc["SignDS-FL"].iloc[1] == 0.5 and t.loc["FDL corrected"].iloc[1] == 0.5
+
+
+def test_ledger_classes():
+    from fedlib.ledger import classify
+
+    assert classify("reproduced") == "reproduced"
+    assert classify("reproduced (valid but loose): below the bound") == "reproduced"
+    assert classify("reproduced in trend; peak not reproduced") == "partly"
+    assert classify("partly: by less than 15 %") == "partly"
+    assert classify("valid but loose") == "partly"
+    assert classify("not reproduced: the overhead is much smaller") == "not reproduced"
+    assert classify("not comparable at this profile") == "not testable as specified"
+    assert classify("not reproducible as specified: no epsilon_0") == "not testable as specified"

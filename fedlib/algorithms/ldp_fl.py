@@ -25,10 +25,8 @@ class LdpFl(SparseUpload):
         values = two_point(flat, 0.0, c.ldp_clip, c.ldp_epsilon, generator)
         return {"mask": torch.ones_like(flat, dtype=torch.bool), "values": values}
 
-    def value_bytes(self) -> float:
-        return 1 / 8  # two possible values: one bit (and no index: every coordinate is sent)
-
     def upload_bytes(self, upload) -> int:
+        """One bit per coordinate (two possible values) and no indices: every coordinate is sent."""
         return int(-(-upload["mask"].numel() // 8))
 
     def epsilon_per_round(self) -> float:

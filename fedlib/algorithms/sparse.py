@@ -50,14 +50,9 @@ class SparseUpload(Algorithm):
         lr = self.config.server_lr
         return {k: w + lr * avg[k] for k, w in gparams.items()}, server_state
 
-    def value_bytes(self) -> float:
-        """Bytes per reported value (float32 by default)."""
-        return 4.0
-
     def upload_bytes(self, upload: Tree) -> int:
-        """(index, value) pairs: 4 bytes per index, :meth:`value_bytes` per value, 4 for a scale."""
-        n = int(upload["mask"].sum())
-        return int(n * (4 + self.value_bytes())) + (4 if "scale" in upload else 0)
+        """(index, value) pairs: 4 bytes per index, 4 per float32 value, 4 for a scale."""
+        return 8 * int(upload["mask"].sum()) + (4 if "scale" in upload else 0)
 
     def round_metrics(self, server_state: Tree, ctx: RoundContext) -> dict[str, float]:
         eps = self.epsilon_per_round()
