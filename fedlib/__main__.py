@@ -13,6 +13,7 @@ import json
 import sys
 
 from fedlib.config import PROFILES, Config, ConfigError
+from fedlib.engine import PATHS
 
 
 def _add_config_options(p: argparse.ArgumentParser) -> None:
@@ -35,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     _add_config_options(r)
     r.add_argument("--apply-profile", dest="apply_profile", choices=list(PROFILES),
                    help="shrink the config with this profile before the explicit options apply")
-    r.add_argument("--engine", default="auto", choices=["auto", "sequential", "vectorized"])
+    r.add_argument("--engine", default="auto", choices=["auto", *PATHS],
+                   help="engine path (auto: vectorized on a GPU, parallel on a multi-core CPU)")
     r.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     r.add_argument("--force", action="store_true", help="retrain even if the result is cached")
     r.add_argument("--checkpoint-every", type=int, default=5)

@@ -3,7 +3,13 @@
 Measures, in one process and on one setting (dataset, model, clients, samples, batch):
 
 * ``floor_s``: one centralized epoch over the same samples with the same model and batch
-  size, a plain PyTorch loop (``nn.Module`` + ``torch.optim.SGD``): the no-federation floor;
+  size, a plain PyTorch loop (``nn.Module`` + ``torch.optim.SGD``): the no-federation floor
+  (like the rounds, the median of several epochs after a warm-up);
+* on a CPU, what the cores can give, measured rather than assumed: ``floor_1thread_s``
+  (the floor on one thread; ``thread_scaling = floor_1thread_s / floor_s``) and
+  ``plain_parallel_s``, the same plain loop split over one single-thread process per core,
+  each training its share of the samples at the same time (``plain_parallel_vs_floor``):
+  the limit of the engine's parallel path, which does the same plus the federation;
 * ``sequential_s``, ``parallel_s``, ``vectorized_s``: one FedAvg round (local training of
   every client for one epoch, and aggregation) on each engine path, the median of several
   rounds after a warm-up; evaluation is timed separately (``eval_s``);
@@ -12,6 +18,11 @@ Measures, in one process and on one setting (dataset, model, clients, samples, b
   ``speedup_vectorized = sequential_s / vectorized_s``, ``default_vs_floor = default_s / floor_s``;
 * round times of MOON, SCAFFOLD and MOON-DPAP with every component and client-level DP on
   (``moon_dpap_dp_s``; ``moon_dpap_dp_vs_fedavg`` is its ratio to a FedAvg round);
+* ``floor_bf16_s``, ``default_bf16_s``: the same with ``precision="bfloat16"`` (forward
+  pass under autocast; different numbers, so an option, not the default), and
+  ``default_bf16_vs_floor = default_bf16_s / floor_s``;
+* ``moon_dpap_state_mb_1000``: the client state kept across rounds for 1000 clients of
+  MOON-DPAP (each client's previous model), stacked as the engine stores it;
 * :func:`clients_sweep`: round time against the number of clients at a fixed total of data,
   per engine path (the book's benchmark page plots it).
 
@@ -22,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import resource
 import statistics
 import sys
@@ -31,9 +43,10 @@ import torch
 import torch.nn.functional as F
 
 from fedlib.config import Config
-from fedlib.engine import Executor, default_path
+from fedlib.engine import Executor, cpu_workers, default_path
 from fedlib.models import build_model
 from fedlib.run import Experiment, evaluate, pick_device
+from fedlib.tree import leaves
 
 #: Other algorithms whose round time the benchmark reports: name -> config changes.
 OTHER_ALGORITHMS = {
@@ -50,26 +63,92 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_floor(config: Config, device: torch.device, repeats: int = 2) -> float:
-    """Seconds for one plain-PyTorch epoch over the same samples (best of ``repeats``)."""
+def _plain_epoch(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                 batch_size: int, g: torch.Generator, precision: str = "float32") -> None:
+    """One epoch of the plain PyTorch loop: shuffle, then minibatch SGD steps (the forward
+    pass under bfloat16 autocast when ``precision`` says so, as the engine does)."""
+    perm = torch.randperm(len(y), generator=g).to(x.device)
+    bf16 = precision == "bfloat16"
+    for i in range(0, len(y), batch_size):
+        ids = perm[i:i + batch_size]
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = model(x[ids])
+        F.cross_entropy(logits.float(), y[ids]).backward()
+        opt.step()
+
+
+def _plain_learner(config: Config, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = build_model(config.model).to(device)
+    return model, torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+
+
+def time_floor(config: Config, device: torch.device, repeats: int = 3, threads: int | None = None) -> float:
+    """Seconds for one plain-PyTorch epoch over the same samples, the median of ``repeats``
+    epochs after a warm-up one (the same statistic as the rounds), on ``threads`` intra-op
+    threads (default: PyTorch's own setting)."""
     exp = Experiment(config, device)
     x, y = exp.data.x_train, exp.data.y_train
-    model = build_model(config.model).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    model, opt = _plain_learner(config, device)
     g = torch.Generator().manual_seed(0)
-    best = float("inf")
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    times = []
+    try:
+        for i in range(1 + repeats):
+            _sync(device)
+            t0 = time.perf_counter()
+            _plain_epoch(model, opt, x, y, config.batch_size, g, config.precision)
+            _sync(device)
+            if i > 0:
+                times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)
+    return statistics.median(times)
+
+
+def _plain_worker(rank: int, config: Config, x: torch.Tensor, y: torch.Tensor, start, done) -> None:
+    torch.set_num_threads(1)
+    model, opt = _plain_learner(config, x.device)
+    g = torch.Generator().manual_seed(rank)
+    _plain_epoch(model, opt, x, y, config.batch_size, g)  # warm-up, before the clock starts
+    start.wait()
+    _plain_epoch(model, opt, x, y, config.batch_size, g)
+    done.put(rank)
+
+
+def time_plain_parallel(config: Config, workers: int, repeats: int = 3) -> float:
+    """Seconds for the plain loop split over ``workers`` single-thread processes, each one
+    epoch over its share of the samples, all at the same time (median of ``repeats``, each
+    after a warm-up epoch in every worker).
+
+    The wall time from a common start to the last worker's end: no federation, no
+    communication, no aggregation, the most the engine's parallel path could reach.
+    """
+    exp = Experiment(config, torch.device("cpu"))
+    x, y = exp.data.x_train, exp.data.y_train
+    ctx = mp.get_context("fork")
+    times = []
     for _ in range(repeats):
-        perm = torch.randperm(len(y), generator=g).to(device)
-        _sync(device)
-        t0 = time.perf_counter()
-        for i in range(0, len(y), config.batch_size):
-            ids = perm[i:i + config.batch_size]
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x[ids]), y[ids]).backward()
-            opt.step()
-        _sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return best
+        start, done = ctx.Barrier(workers + 1), ctx.Queue()
+        procs = [ctx.Process(target=_plain_worker, daemon=True,
+                             args=(r, config, x[r::workers].clone(), y[r::workers].clone(), start, done))
+                 for r in range(workers)]
+        for p in procs:
+            p.start()
+        try:
+            start.wait(timeout=600)
+            t0 = time.perf_counter()
+            for _ in procs:
+                done.get(timeout=600)
+            times.append(time.perf_counter() - t0)
+        finally:
+            for p in procs:
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+    return statistics.median(times)
 
 
 def time_rounds(config: Config, device: torch.device, path: str, rounds: int = 3,
@@ -91,6 +170,15 @@ def time_rounds(config: Config, device: torch.device, path: str, rounds: int = 3
     return statistics.median(times), time.perf_counter() - t0
 
 
+def client_state_mb(config: Config, clients: int) -> float:
+    """MiB of the client state the engine keeps across rounds, stacked over ``clients``
+    clients (for MOON-DPAP each client's previous model): the size of one client's state
+    tree, as the algorithm builds it, times ``clients``."""
+    exp = Experiment(config.replace(clients=1, partition="iid"), torch.device("cpu"))
+    one = exp.algo.init_client_state(exp.gparams)
+    return clients * sum(t.numel() * t.element_size() for t in leaves(one)) / 2**20
+
+
 def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -107,6 +195,12 @@ def benchmark(config: Config, device: torch.device, rounds: int = 3,
                  "samples": config.n_train, "batch_size": config.batch_size,
                  "threads": torch.get_num_threads()}
     out["floor_s"] = time_floor(config, device)
+    if cpu:
+        out["floor_1thread_s"] = time_floor(config, device, repeats=2, threads=1)
+        out["thread_scaling"] = out["floor_1thread_s"] / out["floor_s"]
+        out["plain_parallel_workers"] = cpu_workers()
+        out["plain_parallel_s"] = time_plain_parallel(config, cpu_workers())
+        out["plain_parallel_vs_floor"] = out["plain_parallel_s"] / out["floor_s"]
     for path in paths:
         out[f"{path}_s"], out["eval_s"] = time_rounds(config, device, path, rounds)
     default = default_path(device)
@@ -119,6 +213,13 @@ def benchmark(config: Config, device: torch.device, rounds: int = 3,
     for name, changes in OTHER_ALGORITHMS.items():
         out[f"{name}_s"] = time_rounds(config.replace(**changes), device, default, rounds)[0]
     out["moon_dpap_dp_vs_fedavg"] = out["moon_dpap_dp_s"] / out["default_s"]
+    # Opt-in bfloat16 (other numbers, so not what the targets are about): the floor and the
+    # default path with the forward pass under autocast.
+    bf16 = config.replace(precision="bfloat16")
+    out["floor_bf16_s"] = time_floor(bf16, device)
+    out["default_bf16_s"] = time_rounds(bf16, device, default, rounds)[0]
+    out["default_bf16_vs_floor"] = out["default_bf16_s"] / out["floor_s"]
+    out["moon_dpap_state_mb_1000"] = client_state_mb(config.replace(**OTHER_ALGORITHMS["moon_dpap_dp"]), 1000)
     out["peak_mem_mb"] = peak_memory_mb(device)
     return out
 

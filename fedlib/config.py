@@ -57,6 +57,8 @@ class Config:
     weight_decay: float = _param(0.0, "client SGD weight decay")
     server_lr: float = _param(1.0, "server learning rate applied to the averaged update")
     dropout: float = _param(0.0, "dropout probability on the representation (cnn model)")
+    precision: str = _param("float32", "client training arithmetic: float32, or bfloat16 (the forward pass "
+                            "under torch.autocast: faster where the hardware has bf16 units, other numbers)")
     # ---- algorithm-specific (each used only by the algorithms that name it) ----------
     prox_mu: float = _param(0.01, "FedProx: weight mu of the proximal term mu/2 ||w - w_global||^2")
     feddyn_alpha: float = _param(0.01, "FedDyn: regularisation alpha")
@@ -203,6 +205,8 @@ class Config:
             errs.append(f"weight_decay must be >= 0, got {self.weight_decay}")
         if not 0 <= self.dropout < 1:
             errs.append(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.precision not in ("float32", "bfloat16"):
+            errs.append(f"precision must be float32 or bfloat16, got {self.precision!r}")
         for name in ("prox_mu", "feddyn_alpha", "moon_mu", "ditto_lambda", "lr_min", "prune_t_min",
                      "dp_eps_floor"):
             if getattr(self, name) < 0:

@@ -3,9 +3,10 @@
 * ``sequential`` (reference): one client after another, each step a plain call of the
   algorithm's pure ``client_step``. Simple and readable; the default on a CPU.
 * ``parallel``: the sequential path split over worker processes with one thread each
-  (the CPU default when there are at least two cores). Small convolutions do not scale
-  across threads, but clients are independent: two single-threaded workers train about
-  twice as many clients per second as one process with two threads.
+  (the CPU default when there are at least two cores). Clients are independent, so
+  workers need no synchronisation within a round; how much this gains over one process
+  on all cores depends on how well the machine's convolutions scale across threads,
+  which ``make bench`` measures (``thread_scaling``, ``plain_parallel_vs_floor``).
 * ``vectorized``: all clients of the round at once, ``torch.func.vmap`` over a stacked
   client dimension; the default on a GPU, where a loop over small clients is
   launch-bound. Clients have unequal numbers of steps: every client runs

@@ -23,6 +23,7 @@ INVALID = [
     ({"momentum": 1.0}, "momentum"),
     ({"weight_decay": -1.0}, "weight_decay"),
     ({"dropout": 1.0}, "dropout"),
+    ({"precision": "float16"}, "precision"),
     ({"seed": -1}, "seed"),
     ({"train_samples": 10**6}, "train_samples"),
     ({"eval_every": 0}, "eval_every"),

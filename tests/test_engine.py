@@ -79,3 +79,32 @@ def test_balance_assigns_every_client_once():
     loads = [sum(steps[i] for i in g) for g in groups]
     assert max(loads) - min(loads) <= max(steps)
     assert balance([4], 3) == [[0]]
+
+
+def test_bfloat16_forward_trains_in_float32_and_changes_the_numbers():
+    cfg = SMALL.replace(rounds=1, lr=0.01)
+    exp32 = Experiment(cfg, torch.device("cpu"))
+    exp16 = Experiment(cfg.replace(precision="bfloat16"), torch.device("cpu"))
+    batch = {"x": exp16.data.x_train[:8]}
+    logits16 = exp16.algo.forward(exp16.gparams, batch)
+    logits32 = exp32.algo.forward(exp32.gparams, batch)
+    assert logits16.dtype == torch.float32  # autocast's bf16 output cast back
+    torch.testing.assert_close(logits16, logits32, atol=0.05, rtol=0.05)
+    assert not torch.equal(logits16, logits32)  # the option really changes the arithmetic
+    for exp in (exp32, exp16):
+        with Executor("sequential", exp.algo, exp.data.x_train, exp.data.y_train) as ex:
+            exp.round(0, ex)
+    for k, p in exp16.gparams.items():
+        assert p.dtype == torch.float32
+        torch.testing.assert_close(p, exp32.gparams[k], atol=2e-3, rtol=0.05)
+
+
+@pytest.mark.parametrize("other", ["vectorized", "parallel"])
+def test_bfloat16_paths_agree_to_bfloat16_tolerance(tmp_path, other):
+    cfg = SMALL.replace(precision="bfloat16", lr=0.01, rounds=2)
+    r_seq = run(cfg, engine="sequential", root=tmp_path / "seq", progress=False)
+    r_oth = run(cfg, engine=other, root=tmp_path / "oth", progress=False)
+    _, p_seq = load_model(r_seq, tmp_path / "seq")
+    _, p_oth = load_model(r_oth, tmp_path / "oth")
+    for k in p_seq:
+        torch.testing.assert_close(p_seq[k], p_oth[k], atol=2e-3, rtol=0.05)

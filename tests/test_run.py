@@ -97,11 +97,12 @@ def test_cli_json_line(tmp_path):
     env = {**os.environ, "FEDLIB_RESULTS_DIR": str(tmp_path)}
     out = subprocess.run(
         [sys.executable, "-m", "fedlib", "run", "--apply-profile", "smoke", "--rounds", "2",
-         "--seed", "3", "--json", "--no-progress"],
+         "--seed", "3", "--engine", "parallel", "--json", "--no-progress"],
         capture_output=True, text=True, env=env, check=True, timeout=300)
     line = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(line) >= {"test_acc", "test_loss", "result_path", "config_key"}
     assert os.path.exists(line["result_path"]) and 0 <= line["test_acc"] <= 1
+    assert line["engine"] == "parallel"  # every engine path can be chosen from the command line
 
 
 def test_cli_rejects_bad_config(tmp_path):

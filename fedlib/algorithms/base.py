@@ -121,10 +121,17 @@ class Algorithm:
                 "steps": torch.zeros(()), "loss_sum": torch.zeros(())}
 
     def forward(self, params: Params, batch: dict[str, torch.Tensor], return_repr: bool = False):
+        """The model on ``batch`` with ``params``. Under ``precision="bfloat16"`` the forward
+        pass runs under ``torch.autocast`` (matmuls and convolutions in bfloat16, parameters,
+        gradients and the optimizer in float32) and its outputs come back as float32."""
         kwargs = {"return_repr": return_repr}
         if "drop" in batch:
             kwargs["dropout_mask"] = batch["drop"]
-        return functional_call(self.model, params, (batch["x"],), kwargs)
+        if self.config.precision == "float32":
+            return functional_call(self.model, params, (batch["x"],), kwargs)
+        with torch.autocast(batch["x"].device.type, dtype=torch.bfloat16):
+            out = functional_call(self.model, params, (batch["x"],), kwargs)
+        return tmap(lambda t: t.float(), out)
 
     def loss(self, params: Params, batch: dict[str, torch.Tensor], sstate: Tree, cstate: Tree,
              ctx: RoundContext) -> torch.Tensor:
