@@ -56,11 +56,13 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
 
 
 def git_commit() -> str:
-    """The repository's HEAD commit, with ``-dirty`` when tracked files differ from it."""
+    """The repository's HEAD commit, with ``-dirty`` when tracked files other than the
+    build's own outputs under ``data/`` (results, verdicts, timings) differ from it."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                               text=True, check=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)data"],
                                cwd=REPO_ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
         return head + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):

@@ -112,3 +112,22 @@ def test_cli_rejects_bad_config(tmp_path):
     assert out.returncode == 2
     assert "alpha must be > 0" in out.stderr and "lr must be > 0" in out.stderr
     assert not any(tmp_path.rglob("*.json"))
+
+
+def test_commit_is_dirty_for_code_changes_not_for_build_outputs(tmp_path, monkeypatch):
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                       check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "code.py").write_text("a = 1\n")
+    (tmp_path / "data" / "timing.json").write_text("{}\n")
+    git("add", ".")
+    git("commit", "-qm", "init")
+    monkeypatch.setattr(results_mod, "REPO_ROOT", tmp_path)
+    assert not results_mod.git_commit().endswith("-dirty")
+    (tmp_path / "data" / "timing.json").write_text('{"wall_s": 1}\n')  # what a build rewrites
+    assert not results_mod.git_commit().endswith("-dirty")
+    (tmp_path / "code.py").write_text("a = 2\n")
+    assert results_mod.git_commit().endswith("-dirty")
