@@ -198,8 +198,8 @@ def benchmark(config: Config, device: torch.device, rounds: int = 3,
     if cpu:
         out["floor_1thread_s"] = time_floor(config, device, repeats=2, threads=1)
         out["thread_scaling"] = out["floor_1thread_s"] / out["floor_s"]
-        out["plain_parallel_workers"] = cpu_workers()
-        out["plain_parallel_s"] = time_plain_parallel(config, cpu_workers())
+        out["plain_parallel_workers"] = workers = cpu_workers()
+        out["plain_parallel_s"] = time_plain_parallel(config, workers)
         out["plain_parallel_vs_floor"] = out["plain_parallel_s"] / out["floor_s"]
     for path in paths:
         out[f"{path}_s"], out["eval_s"] = time_rounds(config, device, path, rounds)
