@@ -7,12 +7,14 @@ STAMP := $(VENV)/.installed
 PROFILE ?= quick
 DATA_STAMP := data/raw/.fetched
 
-.PHONY: book test notebooks data venv bench lint clean help
+.PHONY: book test test-full test-gpu notebooks data venv bench lint clean help
 
 help:
 	@echo "make book   - set up, fetch data, execute every notebook (PROFILE=$(PROFILE)), build the HTML book"
 	@echo "make test   - set up, fetch data, run the test suite"
-	@echo "make bench  - engine benchmark"
+	@echo "make test-full - the tests and the heavy statistical audits"
+	@echo "make test-gpu - the tests that exercise CUDA (skipped without a GPU)"
+	@echo "make bench  - engine benchmark (saved under data/bench/)"
 
 # ---- environment: a venv with the pinned requirements --------------------------------
 $(STAMP): requirements.txt pyproject.toml
@@ -46,10 +48,17 @@ book: notebooks
 # ---- tests ------------------------------------------------------------------------------
 test: $(DATA_STAMP)
 	$(VENV)/bin/ruff check fedlib tests
+	$(PY) -m pytest -m "not heavy"
+
+test-full: $(DATA_STAMP)
+	$(VENV)/bin/ruff check fedlib tests
 	$(PY) -m pytest
 
+test-gpu: $(DATA_STAMP)
+	$(PY) -m pytest -m gpu -v -rs
+
 bench: $(DATA_STAMP)
-	$(PY) -m fedlib.bench --json
+	$(PY) -m fedlib.bench --json --save
 
 clean:
 	rm -rf book/_build book/chapters/*.ipynb

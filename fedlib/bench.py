@@ -23,10 +23,19 @@ Measures, in one process and on one setting (dataset, model, clients, samples, b
   ``default_bf16_vs_floor = default_bf16_s / floor_s``;
 * ``moon_dpap_state_mb_1000``: the client state kept across rounds for 1000 clients of
   MOON-DPAP (each client's previous model), stacked as the engine stores it;
+* ``run_batch_runs_per_s``: run-rounds per second when ``R`` runs (seeds) are trained as one
+  run batch, for each ``R`` of ``--batch-runs`` (1, 3, 8), on the default path;
+* with ``--scale`` (the default on a GPU): ``round_s_100_clients`` and ``round_s_1000_clients``
+  (FedAvg, same total data, default path) and the papers' setting extrapolated from timed
+  rounds: ``paper_fedavg_run_s`` (200 rounds, full FashionMNIST, 20 clients, batch 32, one
+  evaluation per round), ``paper_fedavg_run_s_batched3`` (per run, three seeds batched) and
+  ``paper_moon_dpap_dp_run_s`` (every component and client-level DP);
 * :func:`clients_sweep`: round time against the number of clients at a fixed total of data,
   per engine path (the book's benchmark page plots it).
 
-With ``--json`` the last line is one JSON object with these keys.
+With ``--json`` the last line is one JSON object with these keys; ``--save`` also writes it,
+with provenance (device, commit, versions), to ``data/bench/<device>-<date>.json``, which the
+book's benchmark page reads.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import resource
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +55,8 @@ import torch.nn.functional as F
 from fedlib.config import Config
 from fedlib.engine import Executor, cpu_workers, default_path
 from fedlib.models import build_model
-from fedlib.run import Experiment, evaluate, pick_device
+from fedlib.results import REPO_ROOT, atomic_write_bytes, provenance
+from fedlib.run import Experiment, RunBatch, evaluate, pick_device
 from fedlib.tree import leaves
 
 #: Other algorithms whose round time the benchmark reports: name -> config changes.
@@ -170,6 +181,52 @@ def time_rounds(config: Config, device: torch.device, path: str, rounds: int = 3
     return statistics.median(times), time.perf_counter() - t0
 
 
+def time_run_batch(config: Config, device: torch.device, path: str, runs: int, rounds: int = 2,
+                   warmup: int = 1) -> float:
+    """Run-rounds per second when ``runs`` seeds of ``config`` are trained as one run batch
+    (median round of ``rounds`` after ``warmup``)."""
+    batch = RunBatch([Experiment(config.replace(seed=s), device) for s in range(runs)])
+    times = []
+    with batch.executor(path) as ex:
+        for t in range(warmup + rounds):
+            _sync(device)
+            t0 = time.perf_counter()
+            batch.round(t, ex)
+            _sync(device)
+            if t >= warmup:
+                times.append(time.perf_counter() - t0)
+    return runs / statistics.median(times)
+
+
+#: The papers' scale for the extrapolated run times (MOON-DPAP, Sec. 4.1).
+PAPER_SCALE = dict(dataset="fashionmnist", model="cnn", clients=20, alpha=0.5, train_samples=0,
+                   test_samples=0, batch_size=32, lr=0.005, momentum=0.0)
+PAPER_ROUNDS = 200
+
+
+def scale_figures(config: Config, device: torch.device, rounds: int, clients: tuple[int, int] = (100, 1000),
+                  paper_scale: dict | None = None) -> dict:
+    """Round time at 100 and 1000 clients (same data), and paper-scale run times extrapolated
+    from ``rounds`` timed rounds: ``200 x (round + evaluation)``."""
+    path = default_path(device)
+    out = {}
+    for n in clients:
+        cfg = config.replace(clients=n, partition="iid", min_client_samples=1)
+        out[f"round_s_{n}_clients"] = time_rounds(cfg, device, path, rounds)[0]
+    small, large = clients
+    ratio = out[f"round_s_{large}_clients"] / out[f"round_s_{small}_clients"]
+    out[f"round_{large}_vs_{small}_clients"] = ratio
+    paper = Config(**(paper_scale or PAPER_SCALE), rounds=rounds + 1)
+    round_s, eval_s = time_rounds(paper, device, path, rounds)
+    out["paper_fedavg_run_s"] = PAPER_ROUNDS * (round_s + eval_s)
+    per_run_batched = 1.0 / time_run_batch(paper, device, path, 3, rounds)
+    out["paper_fedavg_run_s_batched3"] = PAPER_ROUNDS * (per_run_batched + eval_s)
+    dpap = paper.replace(**OTHER_ALGORITHMS["moon_dpap_dp"])
+    round_s, eval_s = time_rounds(dpap, device, path, rounds)
+    out["paper_moon_dpap_dp_run_s"] = PAPER_ROUNDS * (round_s + eval_s)
+    return out
+
+
 def client_state_mb(config: Config, clients: int) -> float:
     """MiB of the client state the engine keeps across rounds, stacked over ``clients``
     clients (for MOON-DPAP each client's previous model): the size of one client's state
@@ -187,7 +244,8 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def benchmark(config: Config, device: torch.device, rounds: int = 3,
-              paths: tuple[str, ...] | None = None) -> dict:
+              paths: tuple[str, ...] | None = None, batch_runs: tuple[int, ...] = (1, 3, 8),
+              scale: bool | None = None) -> dict:
     cpu = device.type == "cpu"
     paths = paths or (("sequential", "parallel", "vectorized") if cpu else ("sequential", "vectorized"))
     out: dict = {"device": str(device) if cpu else f"{device} ({torch.cuda.get_device_name(device)})",
@@ -220,8 +278,30 @@ def benchmark(config: Config, device: torch.device, rounds: int = 3,
     out["default_bf16_s"] = time_rounds(bf16, device, default, rounds)[0]
     out["default_bf16_vs_floor"] = out["default_bf16_s"] / out["floor_s"]
     out["moon_dpap_state_mb_1000"] = client_state_mb(config.replace(**OTHER_ALGORITHMS["moon_dpap_dp"]), 1000)
+    out["run_batch_runs_per_s"] = {str(r): time_run_batch(config, device, default, r, rounds)
+                                   for r in batch_runs}
+    if scale if scale is not None else not cpu:
+        out.update(scale_figures(config, device, rounds))
     out["peak_mem_mb"] = peak_memory_mb(device)
     return out
+
+
+def device_slug(device: torch.device) -> str:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device).lower()
+        return "cuda-" + "".join(c if c.isalnum() else "-" for c in name).strip("-")
+    return f"cpu-{cpu_workers()}core"
+
+
+def save(res: dict, device: torch.device, folder: Path | None = None) -> Path:
+    """Write ``res`` with provenance to ``data/bench/<device>-<date>.json`` (atomically)."""
+    folder = Path(folder or REPO_ROOT / "data" / "bench")
+    stamp = time.strftime("%Y-%m-%d")
+    path = folder / f"{device_slug(device)}-{stamp}.json"
+    payload = {"results": res, "provenance": provenance(device, res.get("default_path", "")),
+               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    atomic_write_bytes(path, json.dumps(payload, indent=1).encode())
+    return path
 
 
 def clients_sweep(config: Config, device: torch.device, clients: list[int], paths: tuple[str, ...],
@@ -246,16 +326,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="timed rounds per path (after one warm-up)")
     p.add_argument("--device", default="auto")
     p.add_argument("--paths", nargs="*", help="engine paths to time (default: all for the device)")
+    p.add_argument("--batch-runs", nargs="*", type=int, default=[1, 3, 8],
+                   help="run-batch sizes to time (runs trained together)")
+    p.add_argument("--scale", action=argparse.BooleanOptionalAction, default=None,
+                   help="also time 100/1000 clients and the papers' full-data setting "
+                        "(default: on a GPU only)")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
+    p.add_argument("--save", action="store_true", help="write the result with provenance under data/bench/")
     args = p.parse_args(argv)
     config = Config(dataset=args.dataset, model=args.model, clients=args.clients,
                     train_samples=args.samples, batch_size=args.batch_size, alpha=args.alpha,
                     test_samples=2_000, rounds=args.rounds + 1).validate()
     device = pick_device(args.device)
-    res = benchmark(config, device, args.rounds, tuple(args.paths) if args.paths else None)
+    res = benchmark(config, device, args.rounds, tuple(args.paths) if args.paths else None,
+                    tuple(args.batch_runs), args.scale)
     width = max(map(len, res))
     for k, v in res.items():
         print(f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
+    if args.save:
+        print(f"saved {save(res, device)}")
     if args.json:
         print(json.dumps(res))
     return 0

@@ -20,12 +20,16 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Bump when a change to the code alters results, so that old cache entries are not reused.
-RESULTS_VERSION = 1
+#: Bump when a change to the code alters results, so that old cache entries are not reused;
+#: results that the change leaves as they were are carried over by ``python -m fedlib.tools.migrate``
+#: (one rule per version there). 2: privacy noise is floating-point safe, keyed on the whole
+#: config; MOON-DPAP's central noise follows replace-one (sensitivity 2C).
+RESULTS_VERSION = 2
 
 DATASET_SIZES = {"fashionmnist": (60_000, 10_000), "mnist": (60_000, 10_000)}
 MODELS = ("cnn", "mcmahan_cnn", "mlp")
 PARTITIONS = ("iid", "dirichlet", "shards")
+PRECISIONS = ("float32", "bfloat16", "float64")
 
 
 class ConfigError(ValueError):
@@ -57,8 +61,9 @@ class Config:
     weight_decay: float = _param(0.0, "client SGD weight decay")
     server_lr: float = _param(1.0, "server learning rate applied to the averaged update")
     dropout: float = _param(0.0, "dropout probability on the representation (cnn model)")
-    precision: str = _param("float32", "client training arithmetic: float32, or bfloat16 (the forward pass "
-                            "under torch.autocast: faster where the hardware has bf16 units, other numbers)")
+    precision: str = _param("float32", "training arithmetic: float32; bfloat16 (the forward pass under "
+                            "torch.autocast: faster where the hardware has bf16 units, other numbers); or "
+                            "float64 (model and data in double precision: the reference of numerical checks)")
     # ---- algorithm-specific (each used only by the algorithms that name it) ----------
     prox_mu: float = _param(0.01, "FedProx: weight mu of the proximal term mu/2 ||w - w_global||^2")
     feddyn_alpha: float = _param(0.01, "FedDyn: regularisation alpha")
@@ -78,6 +83,9 @@ class Config:
     # ---- client-level differential privacy (MOON-DPAP; later DP-FedAvg) --------------------
     dp: str = _param("none", "none, central (server adds noise to the sum) or local (each client adds noise)")
     dp_clip: float = _param(0.5, "L2 clip norm C of each client's model update")
+    secure_noise: bool = _param(True, "floating-point-safe privacy noise: values on a power-of-two grid, "
+                                "exact discrete Gaussian/Laplace noise (False: float noise, open to "
+                                "Mironov's attack)")
     dp_epsilon: float = _param(1.0, "per-round epsilon_0 (schedule 'paper') or total target "
                                "(schedule 'constant')")
     dp_delta: float = _param(1e-5, "delta per round (paper) / of the whole run (constant)")
@@ -134,14 +142,14 @@ class Config:
             raise ConfigError(f"unknown config field(s): {sorted(unknown)}")
         return cls(**d)
 
-    def key(self) -> str:
+    def key(self, version: int = RESULTS_VERSION) -> str:
         """Stable hash of the fields that differ from their defaults plus :data:`RESULTS_VERSION`:
         the cache key. A new field added with a default therefore never invalidates existing
         results; *changing* a default (or any code that alters results) needs a
-        :data:`RESULTS_VERSION` bump."""
+        :data:`RESULTS_VERSION` bump (``version``: the key under an earlier one, for migrations)."""
         defaults = _defaults()
         changed = {k: v for k, v in self.to_dict().items() if v != defaults[k]}
-        payload = json.dumps({"v": RESULTS_VERSION, **changed}, sort_keys=True)
+        payload = json.dumps({"v": version, **changed}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     @property
@@ -205,8 +213,8 @@ class Config:
             errs.append(f"weight_decay must be >= 0, got {self.weight_decay}")
         if not 0 <= self.dropout < 1:
             errs.append(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.precision not in ("float32", "bfloat16"):
-            errs.append(f"precision must be float32 or bfloat16, got {self.precision!r}")
+        if self.precision not in PRECISIONS:
+            errs.append(f"precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
         for name in ("prox_mu", "feddyn_alpha", "moon_mu", "ditto_lambda", "lr_min", "prune_t_min",
                      "dp_eps_floor"):
             if getattr(self, name) < 0:
@@ -321,8 +329,8 @@ PROFILES: dict[str, Profile] = {
         train_samples=600, test_samples=300, max_rounds=2, max_clients=4, seeds=1,
     ),
     "quick": Profile(
-        "quick", "minutes on a 2-core CPU: 4,000 training samples, 2,000 test samples, 20 rounds at most",
-        train_samples=4_000, test_samples=2_000, max_rounds=20, seeds=1,
+        "quick", "minutes on a 2-core CPU: 4,000 training samples, 2,000 test samples, 20 rounds at most, "
+        "3 seeds", train_samples=4_000, test_samples=2_000, max_rounds=20, seeds=3,
     ),
     "paper": Profile("paper", "the papers' own settings (full data and rounds); meant for a GPU", seeds=3),
 }

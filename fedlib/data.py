@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from torchvision import datasets
 
+from fedlib.streams import Stream
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -225,7 +227,7 @@ def load(name: str, *, train_samples: int = 0, test_samples: int = 0, seed: int 
     def norm(x: torch.Tensor) -> torch.Tensor:
         return ((x.float() / 255.0 - mean) / std).unsqueeze(1)
 
-    rng = np.random.default_rng([seed, 7])
+    rng = np.random.default_rng([seed, Stream.DATA_SUBSET])
     itr = torch.from_numpy(stratified_subset(ytr.numpy(), train_samples or len(ytr), rng))
     ite = torch.from_numpy(stratified_subset(yte.numpy(), test_samples or len(yte), rng))
     return Dataset(name, norm(xtr[itr]), ytr[itr].clone(), norm(xte[ite]), yte[ite].clone()).to(device)

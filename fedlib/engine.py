@@ -1,28 +1,36 @@
-"""Run one round of local training for a set of clients, on either of two paths.
+"""Run one round of local training for a set of clients, on one of three paths.
 
 * ``sequential`` (reference): one client after another, each step a plain call of the
-  algorithm's pure ``client_step``. Simple and readable; the default on a CPU.
+  algorithm's pure ``client_step``. Simple and readable.
 * ``parallel``: the sequential path split over worker processes with one thread each
   (the CPU default when there are at least two cores). Clients are independent, so
-  workers need no synchronisation within a round; how much this gains over one process
-  on all cores depends on how well the machine's convolutions scale across threads,
-  which ``make bench`` measures (``thread_scaling``, ``plain_parallel_vs_floor``).
-* ``vectorized``: all clients of the round at once, ``torch.func.vmap`` over a stacked
-  client dimension; the default on a GPU, where a loop over small clients is
-  launch-bound. Clients have unequal numbers of steps: every client runs
-  ``max_i K_i`` steps, and a per-client mask keeps the state of a client whose data
-  is exhausted (as fedjax's padded client blocks do).
+  workers need no synchronisation within a round; ``make bench`` measures what it gains.
+* ``vectorized``: ``torch.func.vmap`` over a stacked dimension of *lanes*; the default on a
+  GPU, where a loop over small clients is launch-bound. A lane runs one or more clients one
+  after another: clients of unequal size are packed into lanes balanced by step count
+  (longest first to the least loaded lane), and a per-lane mask keeps the state of a lane
+  whose work is done (as fedjax's padded client blocks do). With one lane per client
+  (``lanes="clients"``) every client runs as many steps as the largest one; the default
+  (``lanes="auto"``) uses the fewest lanes that keep the round as short as its longest
+  client, so little of the stacked work is padding.
 
-Both paths consume the same :class:`RoundPlan` (minibatch indices, padding weights and
-dropout masks drawn on the host from per-(seed, round, client) generators), so they
-compute the same function; a test checks that they agree to float tolerance.
+Several runs of the same shape (seeds of one experiment, or configs that differ only in
+data, schedules and server-side settings) can be trained together: :meth:`Executor.run_many`
+takes one :class:`Work` per run and, on the vectorized path, stacks all their clients in one
+group (a *run batch*); each run keeps its own global model, broadcast state and
+hyperparameters, gathered per lane.
+
+Every path consumes the same :class:`RoundPlan` (minibatch indices, padding weights and
+dropout masks drawn on the host from per-(seed, round, client) generators), so they compute
+the same function; tests check that they agree (exactly up to rounding in float64).
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -30,9 +38,13 @@ from torch.func import vmap
 
 from fedlib.algorithms.base import Algorithm, RoundContext
 from fedlib.privacy.noise import generator_for
+from fedlib.streams import Stream
 from fedlib.tree import Tree, index, stack, tmap, where
 
 PATHS = ("sequential", "parallel", "vectorized")
+LANES = ("auto", "clients")
+
+Outputs = tuple[Tree, Tree, Tree]  # uploads, new client states, metrics (stacked over clients)
 
 
 @dataclass
@@ -50,6 +62,20 @@ class RoundPlan:
         s = torch.arange(self.idx.shape[1], device=self.idx.device)
         return s[None, :] < torch.tensor(self.steps, device=self.idx.device)[:, None]
 
+    def offset(self, start: int) -> RoundPlan:
+        """The same plan with sample indices shifted by ``start`` (for runs whose data are
+        concatenated into one tensor, see :class:`Work`)."""
+        return replace(self, idx=self.idx + start) if start else self
+
+
+@dataclass
+class Work:
+    """One run's share of a round: its clients' plan, their states, and the round context."""
+
+    plan: RoundPlan
+    cstates: Tree  # stacked over the round's clients
+    ctx: RoundContext
+
 
 def make_plan(client_indices: list[np.ndarray], client_ids: list[int], *, batch_size: int,
               epochs: int, seed: int, round_: int, device: torch.device,
@@ -57,7 +83,7 @@ def make_plan(client_indices: list[np.ndarray], client_ids: list[int], *, batch_
     """Draw each client's minibatches for this round (an epoch = each sample once)."""
     batches: list[list[np.ndarray]] = []
     for cid, idx in zip(client_ids, client_indices, strict=True):
-        rng = np.random.default_rng([seed, 23, round_, cid])
+        rng = np.random.default_rng([seed, Stream.BATCHES, round_, cid])
         b = []
         for _ in range(epochs):
             perm = rng.permutation(idx)
@@ -73,33 +99,39 @@ def make_plan(client_indices: list[np.ndarray], client_ids: list[int], *, batch_
             w_arr[i, j, :len(chunk)] = 1.0
     drop = None
     if dropout > 0:
+        # torch.rand fills row-major, so a client's first K_i steps of masks do not depend on
+        # the other clients' step counts (the lane packing relies on this).
         masks = []
         for cid in client_ids:
-            g = generator_for(seed, 29, round_, cid)
+            g = generator_for(seed, Stream.DROPOUT, round_, cid)
             masks.append(torch.rand((s, batch_size, repr_dim), generator=g) >= dropout)
         drop = torch.stack(masks).to(device=device, dtype=torch.float32)
     return RoundPlan(torch.from_numpy(idx_arr).to(device), torch.from_numpy(w_arr).to(device),
                      steps, drop)
 
 
-def _batch(x: torch.Tensor, y: torch.Tensor, plan: RoundPlan, i, s) -> dict[str, torch.Tensor]:
-    """Minibatch ``s`` of client(s) ``i`` (an int, or ``slice(None)`` for all clients)."""
-    ids = plan.idx[i, s]
-    b = {"x": x[ids], "y": y[ids], "w": plan.weight[i, s]}
-    if plan.drop is not None:
-        b["drop"] = plan.drop[i, s]
+def _batch(x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor,
+           drop: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    b = {"x": x[idx], "y": y[idx], "w": weight}
+    if drop is not None:
+        b["drop"] = drop
     return b
 
 
+def _client_batch(x, y, plan: RoundPlan, i: int, s: int) -> dict[str, torch.Tensor]:
+    """Minibatch ``s`` of client ``i``."""
+    return _batch(x, y, plan.idx[i, s], plan.weight[i, s], None if plan.drop is None else plan.drop[i, s])
+
+
 def run_sequential(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, plan: RoundPlan,
-                   cstates: Tree, ctx: RoundContext) -> tuple[Tree, Tree, Tree]:
+                   cstates: Tree, ctx: RoundContext) -> Outputs:
     """Reference path. ``cstates`` is stacked over the round's clients; so are the outputs."""
     uploads, new_states, metrics = [], [], []
     for i, k in enumerate(plan.steps):
         cstate = index(cstates, i)
         s = algo.client_init(cstate, ctx)
         for step in range(k):
-            s = algo.client_step(s, _batch(x, y, plan, i, step), cstate, ctx)
+            s = algo.client_step(s, _client_batch(x, y, plan, i, step), cstate, ctx)
         up, cs, m = algo.client_final(s, cstate, ctx)
         uploads.append(up)
         new_states.append(cs)
@@ -107,44 +139,200 @@ def run_sequential(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, plan: Roun
     return stack(uploads), stack(new_states), stack(metrics)
 
 
-def run_vectorized(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, plan: RoundPlan,
-                   cstates: Tree, ctx: RoundContext) -> tuple[Tree, Tree, Tree]:
-    """Fast path: every client of the round in one ``vmap``-ed step, padded steps masked."""
-    # ``ids`` is a batched dummy argument: it tells vmap the client count even when the
-    # algorithm keeps no client state (an empty tree has no batched leaves).
-    ids = torch.arange(len(plan.steps), device=plan.idx.device)
-    init = vmap(lambda _, c: algo.client_init(c, ctx), randomness="error")
-    step = vmap(lambda _, s, b, c: algo.client_step(s, b, c, ctx), randomness="error")
-    final = vmap(lambda _, s, c: algo.client_final(s, c, ctx), randomness="error")
-    algo.functional = True
-    try:
-        s = init(ids, cstates)
-        active = plan.active
-        shortest = min(plan.steps)
-        for j in range(max(plan.steps)):
-            new = step(ids, s, _batch(x, y, plan, slice(None), j), cstates)
-            s = new if j < shortest else where(active[:, j], new, s)
-        return final(ids, s, cstates)
-    finally:
-        algo.functional = False
-
-
-def subplan(plan: RoundPlan, rows: list[int]) -> RoundPlan:
-    """The plan of some of the round's clients (trimmed to their longest client)."""
-    steps = [plan.steps[i] for i in rows]
-    s, r = max(steps), torch.tensor(rows, device=plan.idx.device)
-    drop = None if plan.drop is None else plan.drop[r, :s]
-    return RoundPlan(plan.idx[r, :s], plan.weight[r, :s], steps, drop)
-
-
+# ---- lanes: clients packed for the vectorized path --------------------------------------------
 def balance(steps: list[int], workers: int) -> list[list[int]]:
-    """Assign clients to workers, longest first to the least loaded (LPT scheduling)."""
+    """Assign clients to workers (or lanes), longest first to the least loaded (LPT
+    scheduling); each group lists its clients in increasing order."""
     loads, groups = [0] * workers, [[] for _ in range(workers)]
     for i in sorted(range(len(steps)), key=lambda i: -steps[i]):
         w = loads.index(min(loads))
         groups[w].append(i)
         loads[w] += steps[i]
     return [sorted(g) for g in groups if g]
+
+
+def lane_count(steps: list[int], lanes: str | int = "auto") -> int:
+    """How many lanes the vectorized path stacks. ``"clients"``: one per client. ``"auto"``:
+    ``ceil(sum K_i / max K_i)``, the fewest lanes in which the round can take no more steps
+    than its longest client (LPT packing may add a few). An int: that many (at most C)."""
+    if lanes == "clients":
+        return len(steps)
+    if lanes == "auto":
+        return max(1, math.ceil(sum(steps) / max(steps)))
+    if isinstance(lanes, int) and lanes >= 1:
+        return min(lanes, len(steps))
+    raise ValueError(f"lanes must be one of {LANES} or a positive int, got {lanes!r}")
+
+
+@dataclass
+class LanePlan:
+    """Clients (rows of the concatenated round plans) packed into ``L`` lanes of ``S`` steps.
+
+    Lane ``l`` runs the clients ``groups[l]`` one after another; ``row[l, s]`` is the client
+    whose step lane ``l`` takes at step ``s`` (-1 where the lane has finished).
+    """
+
+    idx: torch.Tensor  # (L, S, B)
+    weight: torch.Tensor  # (L, S, B)
+    drop: torch.Tensor | None  # (L, S, B, H)
+    row: np.ndarray  # (L, S) int
+    groups: list[list[int]]
+    steps: list[int]  # per row
+
+    @property
+    def lanes(self) -> int:
+        return len(self.groups)
+
+    @property
+    def length(self) -> int:
+        return self.row.shape[1]
+
+
+def pack_lanes(plans: list[RoundPlan], lanes: str | int = "auto") -> LanePlan:
+    """Pack every client of ``plans`` (rows numbered across plans, in order) into lanes."""
+    steps = [k for p in plans for k in p.steps]
+    per_row = [(p, i) for p in plans for i in range(len(p.steps))]
+    groups = balance(steps, lane_count(steps, lanes))
+    length = max(sum(steps[r] for r in g) for g in groups)
+    first = plans[0]
+    dev, b = first.idx.device, first.idx.shape[2]
+    if any(p.idx.shape[2] != b for p in plans):
+        raise ValueError("runs stacked in one group must share the batch size")
+    if len({p.drop is None for p in plans}) > 1:
+        raise ValueError("runs stacked in one group must all use dropout, or none of them")
+    L = len(groups)
+    idx = torch.zeros((L, length, b), dtype=torch.long, device=dev)
+    weight = torch.zeros((L, length, b), dtype=first.weight.dtype, device=dev)
+    drop = None if first.drop is None else first.drop.new_zeros((L, length, b, first.drop.shape[3]))
+    row = np.full((L, length), -1, dtype=np.int64)
+    for lane, g in enumerate(groups):
+        at = 0
+        for r in g:
+            p, i = per_row[r]
+            k = steps[r]
+            idx[lane, at:at + k] = p.idx[i, :k]
+            weight[lane, at:at + k] = p.weight[i, :k]
+            if drop is not None:
+                drop[lane, at:at + k] = p.drop[i, :k]
+            row[lane, at:at + k] = r
+            at += k
+    return LanePlan(idx, weight, drop, row, groups, steps)
+
+
+# ---- the vectorized path --------------------------------------------------------------------------
+def _as_tensor_tree(tree: Tree, device: torch.device) -> Tree:
+    """Python numbers in a (broadcast) tree as 0-dim float64 tensors, so they can be stacked."""
+    return tmap(lambda v: v if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float64,
+                                                                              device=device), tree)
+
+
+class _RunContexts:
+    """What each client needs from its run (global model, broadcast, hyperparameters), as the
+    arguments of the vmapped functions. One run: shared by every lane (``in_dims`` None). A run
+    batch: stacked over runs and gathered per lane whenever a lane starts a client."""
+
+    def __init__(self, works: list[Work], device: torch.device):
+        self.t = works[0].ctx.t
+        if any(w.ctx.t != self.t for w in works):
+            raise ValueError("runs stacked in one group must be at the same round")
+        hypers = [w.ctx.hyper for w in works]
+        keys = set(hypers[0])
+        if any(set(h) != keys for h in hypers):
+            raise ValueError("runs stacked in one group must have the same hyperparameter names")
+        self.static = {k: v for k, v in hypers[0].items() if all(h[k] == v for h in hypers)}
+        varying = sorted(keys - set(self.static))
+        self.batched = len(works) > 1
+        if not self.batched:
+            ctx = works[0].ctx
+            self.args = (ctx.gparams, ctx.shared if ctx.shared is not None else {}, {})
+            return
+        per_run = [(w.ctx.gparams, _as_tensor_tree(w.ctx.shared or {}, device),
+                    {k: torch.tensor(float(w.ctx.hyper[k]), dtype=torch.float64, device=device)
+                     for k in varying})
+                   for w in works]
+        self.stacked = stack(per_run)
+
+    def gather(self, runs: torch.Tensor):
+        """The arguments for lanes whose current clients belong to ``runs`` (L,)."""
+        return index(self.stacked, runs)
+
+    def context(self, gparams, shared, hyper_b) -> RoundContext:
+        return RoundContext(self.t, gparams, {**self.static, **hyper_b}, shared, vectorized=True)
+
+
+def run_vectorized(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, works: list[Work],
+                   lanes: str | int = "auto") -> list[Outputs]:
+    """Every client of every work at once: ``vmap`` over lanes, padded steps masked.
+
+    At a step where a lane moves on to its next client, that lane's finished client is
+    closed (``client_final``) and the next one opened (``client_init``) with its own client
+    state and run context; lanes that do not switch keep their state (``where``).
+    """
+    device = x.device
+    lp = pack_lanes([w.plan for w in works], lanes)
+    rows_per_work = [len(w.plan.steps) for w in works]
+    run_of_row = torch.tensor([r for r, n in enumerate(rows_per_work) for _ in range(n)], device=device)
+    cstates = tmap(lambda *xs: torch.cat(xs), *[w.cstates for w in works]) if len(works) > 1 \
+        else works[0].cstates
+    runs = _RunContexts(works, device)
+    cx_dims = 0 if runs.batched else None
+
+    init = vmap(lambda _, c, cx: algo.client_init(c, runs.context(*cx)),
+                in_dims=(0, 0, cx_dims), randomness="error")
+    step = vmap(lambda _, s, b, c, cx: algo.client_step(s, b, c, runs.context(*cx)),
+                in_dims=(0, 0, 0, 0, cx_dims), randomness="error")
+    final = vmap(lambda _, s, c, cx: algo.client_final(s, c, runs.context(*cx)),
+                 in_dims=(0, 0, 0, cx_dims), randomness="error")
+
+    L, S = lp.lanes, lp.length
+    ids = torch.arange(L, device=device)
+    row = lp.row
+    # the client each lane is on; a finished lane keeps pointing at its last client
+    current = torch.tensor(row[:, 0], device=device)
+    lane_cstate = index(cstates, current)
+    lane_cx = runs.gather(run_of_row[current]) if runs.batched else runs.args
+    s = init(ids, lane_cstate, lane_cx)
+    done_rows: list[torch.Tensor] = []
+    done_out: list[Outputs] = []
+    for j in range(S):
+        if j > 0:
+            switch = (row[:, j] != row[:, j - 1]) & (row[:, j] >= 0)
+            if switch.any():  # close the clients these lanes finished, open the next ones
+                lanes_sw = torch.from_numpy(np.flatnonzero(switch)).to(device)
+                out = final(ids, s, lane_cstate, lane_cx)
+                done_rows.append(torch.tensor(row[switch, j - 1], device=device))
+                done_out.append(index(out, lanes_sw))
+                mask = torch.from_numpy(switch).to(device)
+                current = torch.where(mask, torch.tensor(row[:, j], device=device), current)
+                lane_cstate = where(mask, index(cstates, current), lane_cstate)
+                if runs.batched:
+                    lane_cx = where(mask, runs.gather(run_of_row[current]), lane_cx)
+                s = where(mask, init(ids, lane_cstate, lane_cx), s)
+        batch = _batch(x, y, lp.idx[:, j], lp.weight[:, j], None if lp.drop is None else lp.drop[:, j])
+        new = step(ids, s, batch, lane_cstate, lane_cx)
+        active = row[:, j] >= 0
+        s = new if active.all() else where(torch.from_numpy(active).to(device), new, s)
+    out = final(ids, s, lane_cstate, lane_cx)  # every lane's last client
+    done_rows.append(current)
+    done_out.append(out)
+    order = torch.cat(done_rows)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(len(order), device=device)
+    merged = tuple(tmap(lambda *vs: torch.cat(vs)[inverse], *[o[k] for o in done_out]) for k in range(3))
+    results, start = [], 0
+    for n in rows_per_work:
+        results.append(tuple(tmap(lambda v, a=start, b=start + n: v[a:b], part) for part in merged))
+        start += n
+    return results  # type: ignore[return-value]
+
+
+# ---- the parallel path (CPU worker processes) -----------------------------------------------------
+def subplan(plan: RoundPlan, rows: list[int]) -> RoundPlan:
+    """The plan of some of the round's clients (trimmed to their longest client)."""
+    steps = [plan.steps[i] for i in rows]
+    s, r = max(steps), torch.tensor(rows, device=plan.idx.device)
+    drop = None if plan.drop is None else plan.drop[r, :s]
+    return RoundPlan(plan.idx[r, :s], plan.weight[r, :s], steps, drop)
 
 
 def _worker_loop(conn, algo: Algorithm, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -174,7 +362,7 @@ class ProcessPool:
             self.conns.append(parent)
             self.procs.append(p)
 
-    def run(self, plan: RoundPlan, cstates: Tree, ctx: RoundContext) -> tuple[Tree, Tree, Tree]:
+    def run(self, plan: RoundPlan, cstates: Tree, ctx: RoundContext) -> Outputs:
         groups = balance(plan.steps, len(self.conns))
         for conn, rows in zip(self.conns, groups, strict=False):
             r = torch.tensor(rows)
@@ -203,24 +391,43 @@ class ProcessPool:
                 p.kill()
 
 
+def check_path(path: str, device: torch.device) -> None:
+    """Raise ``ValueError`` for an engine path that cannot run on ``device``."""
+    if path not in PATHS:
+        raise ValueError(f"unknown engine path {path!r}; choose from {PATHS}")
+    if path == "parallel" and device.type != "cpu":
+        raise ValueError(f"the parallel path runs on the CPU (worker processes); on {device.type} "
+                         "use vectorized (the default there) or sequential")
+
+
 class Executor:
-    """Runs a round's clients on one engine path; owns worker processes if any."""
+    """Runs a round's clients on one engine path; owns worker processes if any.
+
+    ``x, y`` hold the training data of every run it serves (runs of a run batch are
+    concatenated; each :class:`Work`'s plan indexes into them).
+    """
 
     def __init__(self, path: str, algo: Algorithm, x: torch.Tensor, y: torch.Tensor,
-                 workers: int | None = None):
-        if path not in PATHS:
-            raise ValueError(f"unknown engine path {path!r}; choose from {PATHS}")
-        if path == "parallel" and x.device.type != "cpu":
-            raise ValueError("the parallel path runs on the CPU; use vectorized on a GPU")
-        self.path, self.algo, self.x, self.y = path, algo, x, y
+                 workers: int | None = None, lanes: str | int = "auto"):
+        check_path(path, x.device)
+        lane_count([1], lanes)  # validates ``lanes``
+        self.path, self.algo, self.x, self.y, self.lanes = path, algo, x, y, lanes
         self.workers = workers or cpu_workers()
         self.pool = ProcessPool(algo, x, y, self.workers) if path == "parallel" else None
 
-    def run(self, plan: RoundPlan, cstates: Tree, ctx: RoundContext) -> tuple[Tree, Tree, Tree]:
+    def run(self, plan: RoundPlan, cstates: Tree, ctx: RoundContext) -> Outputs:
+        return self.run_many([Work(plan, cstates, ctx)])[0]
+
+    def run_many(self, works: list[Work]) -> list[Outputs]:
+        """Train the clients of several runs' rounds. On the vectorized path they are stacked
+        in one group; the other paths take them one run after another."""
+        if not works:
+            return []
+        if self.path == "vectorized":
+            return run_vectorized(self.algo, self.x, self.y, works, self.lanes)
         if self.pool is not None:
-            return self.pool.run(plan, cstates, ctx)
-        fn = run_vectorized if self.path == "vectorized" else run_sequential
-        return fn(self.algo, self.x, self.y, plan, cstates, ctx)
+            return [self.pool.run(w.plan, w.cstates, w.ctx) for w in works]
+        return [run_sequential(self.algo, self.x, self.y, w.plan, w.cstates, w.ctx) for w in works]
 
     def close(self) -> None:
         if self.pool is not None:

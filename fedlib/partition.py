@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from fedlib.config import Config, ConfigError
+from fedlib.streams import Stream
 
 
 def iid(labels: np.ndarray, n_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -70,7 +71,7 @@ def shards(labels: np.ndarray, n_clients: int, shards_per_client: int,
 
 def partition(labels: np.ndarray, config: Config) -> list[np.ndarray]:
     """Partition ``labels`` as ``config`` says (seeded by ``config.seed``)."""
-    rng = np.random.default_rng([config.seed, 11])
+    rng = np.random.default_rng([config.seed, Stream.PARTITION])
     if config.partition == "iid":
         return iid(labels, config.clients, rng)
     if config.partition == "dirichlet":

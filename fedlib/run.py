@@ -13,6 +13,7 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,9 +23,10 @@ from tqdm import tqdm
 from fedlib import data as data_mod
 from fedlib.algorithms import ALGORITHMS, Algorithm, RoundContext
 from fedlib.config import Config
-from fedlib.engine import PATHS, Executor, default_path, make_plan
+from fedlib.engine import PATHS, Executor, Work, check_path, default_path, make_plan
 from fedlib.models import build_model
 from fedlib.partition import partition
+from fedlib.privacy.guarantee import Accountant, is_released
 from fedlib.results import (
     Result,
     atomic_torch_save,
@@ -38,9 +40,25 @@ from fedlib.tree import stack, tmap
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:
+    """``auto``/None: CUDA when available, else the CPU. On CUDA, also :func:`make_deterministic`."""
     if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        make_deterministic()
+    return dev
+
+
+def make_deterministic() -> None:
+    """Ask CUDA for run-to-run reproducible kernels, so that one config and seed give the same
+    result on one device: deterministic cuDNN convolutions (no autotuning) and a fixed cuBLAS
+    workspace. Operations without a deterministic CUDA kernel warn instead of failing.
+    (Results still differ *between* devices: other GPUs, TF32 convolutions, CPU vs GPU round
+    differently.)"""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 @torch.no_grad()
@@ -73,45 +91,63 @@ class Experiment:
 
     def __init__(self, config: Config, device: torch.device):
         self.config, self.device = config, device
+        dtype = torch.float64 if config.precision == "float64" else torch.float32
         self.data = data_mod.load(config.dataset, train_samples=config.train_samples,
                                   test_samples=config.test_samples, seed=config.seed, device=device)
+        if dtype != torch.float32:
+            self.data.x_train, self.data.x_test = self.data.x_train.to(dtype), self.data.x_test.to(dtype)
         self.parts = partition(self.data.y_train.cpu().numpy(), config)
         self.model = build_model(config.model, dropout=config.dropout,
-                                 proj_dim=projection_dim(config)).to(device)
+                                 proj_dim=projection_dim(config)).to(device=device, dtype=dtype)
         self.algo: Algorithm = ALGORITHMS[config.algorithm](config, self.model)
-        self.gparams = tmap(lambda p: p.to(device), init_params(config, self.model))
+        self.gparams = tmap(lambda p: p.to(device=device, dtype=dtype), init_params(config, self.model))
         self.server_state = self.algo.init_server_state(self.gparams)
         self.client_states = stack([self.algo.init_client_state(self.gparams)
                                     for _ in range(config.clients)])
         self.sizes = torch.tensor([len(p) for p in self.parts], dtype=torch.float32, device=device)
+        self.guarantee = self.algo.guarantee()
+        self.accountant = Accountant(self.guarantee.delta) if self.guarantee else None
 
     def state_dict(self) -> dict:
         return {"gparams": self.gparams, "server_state": self.server_state,
-                "client_states": self.client_states}
+                "client_states": self.client_states,
+                "accountant": self.accountant.state_dict() if self.accountant else None}
 
     def load_state_dict(self, d: dict) -> None:
         self.gparams = tmap(lambda t: t.to(self.device), d["gparams"])
         self.server_state = tmap(lambda t: t.to(self.device), d["server_state"])
         self.client_states = tmap(lambda t: t.to(self.device), d["client_states"])
+        if self.accountant is not None:
+            self.accountant.load_state_dict(d["accountant"])
 
-    def round(self, t: int, executor: Executor) -> dict[str, float]:
-        """One global round; returns its training metrics."""
+    def prepare(self, t: int, offset: int = 0) -> tuple[list[int], Work]:
+        """Round ``t``'s sampled clients and the engine's work for them (``offset``: where this
+        run's training samples start in the tensor the engine indexes, see :func:`run_many`).
+        The work has no plan when no client was sampled (possible under Poisson sampling)."""
         c, algo = self.config, self.algo
         selected = algo.sample_clients(t)
-        sel = torch.tensor(selected, device=self.device, dtype=torch.long)
         ctx = RoundContext(t, self.gparams, algo.hyper(t), algo.broadcast(self.server_state))
-        if not selected:  # possible under Poisson sampling: the server step still runs (noise)
-            self.gparams, self.server_state = algo.server_update(
-                self.gparams, self.server_state, algo.empty_uploads(self.gparams), self.sizes[sel], ctx)
-            return {"train_loss": float("nan"), "clients": 0, "bytes_up": 0, "bytes_down": 0,
-                    **algo.round_metrics(self.server_state, ctx)}
+        if not selected:
+            return selected, Work(None, None, ctx)  # type: ignore[arg-type]
         plan = make_plan([self.parts[i] for i in selected], selected, batch_size=c.batch_size,
                          epochs=c.local_epochs, seed=c.seed, round_=t, device=self.device,
                          dropout=c.dropout if algo.uses_dropout() else 0.0,
                          repr_dim=getattr(self.model, "repr_dim", 0))
-        cstates = tmap(lambda s: s[sel], self.client_states)
-        uploads, new_cstates, metrics = executor.run(plan, cstates, ctx)
-        uploads = algo.privatize(uploads, selected, ctx)
+        sel = torch.tensor(selected, device=self.device, dtype=torch.long)
+        return selected, Work(plan.offset(offset), tmap(lambda s: s[sel], self.client_states), ctx)
+
+    def finish(self, selected: list[int], work: Work, outputs) -> dict[str, float]:
+        """Privatize the uploads, update the client states and the global model; return the
+        round's training metrics."""
+        algo, ctx = self.algo, work.ctx
+        sel = torch.tensor(selected, device=self.device, dtype=torch.long)
+        if not selected:  # the server step still runs (DP noise)
+            self.gparams, self.server_state = algo.server_update(
+                self.gparams, self.server_state, algo.empty_uploads(self.gparams), self.sizes[sel], ctx)
+            return {"train_loss": float("nan"), "clients": 0, "bytes_up": 0, "bytes_down": 0,
+                    **algo.round_metrics(self.server_state, ctx), **self._account(ctx)}
+        uploads, new_cstates, metrics = outputs
+        uploads, stats = algo.privatize(uploads, selected, ctx)
         self.client_states = tmap(lambda all_, new: all_.index_copy(0, sel, new),
                                   self.client_states, new_cstates)
         self.gparams, self.server_state = algo.server_update(self.gparams, self.server_state,
@@ -119,34 +155,95 @@ class Experiment:
         up = sum(algo.upload_bytes(tmap(lambda u, i=i: u[i], uploads)) for i in range(len(selected)))
         down = len(selected) * 4 * sum(p.numel() for p in self.gparams.values())
         weights = self.sizes[sel] / self.sizes[sel].sum()
-        rec = {"train_loss": float((metrics["train_loss"] * weights).sum()),
+        rec = {"train_loss": float((metrics["train_loss"].float() * weights).sum()),
                "clients": len(selected), "bytes_up": int(up), "bytes_down": int(down)}
         if "update_norm" in metrics:  # DP algorithms report each client's update norm before clipping
             rec["update_norm_median"] = float(metrics["update_norm"].median())
+        rec.update(stats)
         rec.update(algo.round_metrics(self.server_state, ctx))
+        rec.update(self._account(ctx))
         return rec
 
+    def _account(self, ctx: RoundContext) -> dict[str, float]:
+        """Feed this round's privacy event to the run's accountant; the epsilon spent so far."""
+        if self.accountant is None:
+            return {}
+        self.accountant.step(self.algo.privacy_event(ctx))
+        return {"epsilon_spent": self.accountant.epsilon()}
 
-def _train(exp: Experiment, executor: Executor, bar, history: list[dict], ckpt: Path,
-           checkpoint_every: int) -> list[dict]:
-    config = exp.config
-    for t in bar:
-        t0 = time.time()
-        rec = {"round": t + 1, **exp.round(t, executor)}
-        rec["wall_s"] = time.time() - t0
+    def round(self, t: int, executor: Executor) -> dict[str, float]:
+        """One global round; returns its training metrics."""
+        selected, work = self.prepare(t)
+        outputs = executor.run(work.plan, work.cstates, work.ctx) if selected else None
+        return self.finish(selected, work, outputs)
+
+    def evaluate(self) -> dict[str, float]:
+        acc, loss = evaluate(self.model, self.gparams, self.data.x_test, self.data.y_test)
+        return {"test_acc": acc, "test_loss": loss}
+
+
+def _validate_engine(engine: str, device: torch.device, checkpoint_every: int) -> str:
+    """The engine path to use, or a clear error before any work starts."""
+    if engine != "auto" and engine not in PATHS:
+        raise ValueError(f"unknown engine {engine!r}; choose from {('auto', *PATHS)}")
+    if checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
+    path = default_path(device) if engine == "auto" else engine
+    check_path(path, device)
+    return path
+
+
+class _Trainee:
+    """One run being trained (alone or in a run batch): its experiment, history, checkpoint."""
+
+    def __init__(self, config: Config, dev: torch.device, root: Path, force: bool):
+        self.config = config
+        self.exp = Experiment(config, dev)
+        self.history: list[dict] = []
+        self.first_round = 0
+        self.ckpt = checkpoint_path(config, root)
+        self.out = result_path(config, root)
+        if self.ckpt.exists() and not force:
+            saved = torch.load(self.ckpt, map_location=dev, weights_only=False)
+            self.exp.load_state_dict(saved["state"])
+            self.history, self.first_round = saved["history"], saved["next_round"]
+
+    def after_round(self, t: int, rec: dict, wall_s: float, checkpoint_every: int) -> dict:
+        config, exp = self.config, self.exp
+        rec = {"round": t + 1, **rec, "wall_s": wall_s}
         if (t + 1) % config.eval_every == 0 or t + 1 == config.rounds:
             t1 = time.time()
-            rec["test_acc"], rec["test_loss"] = evaluate(exp.model, exp.gparams,
-                                                         exp.data.x_test, exp.data.y_test)
+            rec.update(exp.evaluate())
             rec.update(exp.algo.extra_metrics(exp, final=t + 1 == config.rounds))
             rec["eval_s"] = time.time() - t1
-            bar.set_postfix(acc=f"{rec['test_acc']:.4f}", loss=f"{rec['test_loss']:.3f}")
         else:
             rec["test_acc"] = rec["test_loss"] = None
-        history.append(rec)
+        self.history.append(rec)
         if (t + 1) % checkpoint_every == 0 and t + 1 < config.rounds:
-            atomic_torch_save({"state": exp.state_dict(), "history": history, "next_round": t + 1}, ckpt)
-    return history
+            atomic_torch_save({"state": exp.state_dict(), "history": self.history, "next_round": t + 1},
+                              self.ckpt)
+        return rec
+
+    def save(self, dev: torch.device, path: str, start: float, root: Path, extra: dict) -> Result:
+        exp, config = self.exp, self.config
+        elapsed_before = sum(h["wall_s"] for h in self.history[:self.first_round])
+        meta = {**provenance(dev, path), "seed": config.seed, "config_key": config.key(),
+                "resumed_from_round": self.first_round,
+                "duration_s": time.time() - start + elapsed_before,
+                "train_samples": int(len(exp.data.y_train)), "test_samples": int(len(exp.data.y_test)),
+                "client_sizes": [len(p) for p in exp.parts], **extra}
+        if exp.guarantee is not None:
+            metrics = sorted({k for h in self.history for k in h})
+            meta["privacy"] = {**exp.guarantee.to_dict(),
+                               "statement": exp.guarantee.describe(self.history[-1].get("epsilon_spent")),
+                               "released_metrics": [k for k in metrics if is_released(k)],
+                               "diagnostic_metrics": [k for k in metrics if not is_released(k)]}
+        result = Result(config, self.history, meta)
+        atomic_torch_save(tmap(lambda p: p.cpu(), exp.gparams), model_path(config, root))
+        result.save(self.out)
+        self.ckpt.unlink(missing_ok=True)
+        _log_run(result, cached=False)
+        return result
 
 
 def run(config: Config, *, engine: str = "auto", device: str | torch.device | None = None,
@@ -158,48 +255,120 @@ def run(config: Config, *, engine: str = "auto", device: str | torch.device | No
     there are two or more cores, else sequential), ``sequential``, ``parallel`` or
     ``vectorized``; the choice does not change the result beyond float rounding.
     """
-    config.validate()
-    if engine != "auto" and engine not in PATHS:
-        raise ValueError(f"unknown engine {engine!r}; choose from {('auto', *PATHS)}")
-    if checkpoint_every < 1:
-        raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
-    root = Path(root or results_dir())
-    out = result_path(config, root)
-    if out.exists() and not force:
-        result = Result.load(out)
-        _log_run(result, cached=True)
-        return result
+    return run_many([config], engine=engine, device=device, force=force, root=root,
+                    checkpoint_every=checkpoint_every, progress=progress)[0]
 
+
+def run_many(configs: list[Config], *, engine: str = "auto", device: str | torch.device | None = None,
+             force: bool = False, root: Path | None = None, checkpoint_every: int = 5,
+             progress: bool = True) -> list[Result]:
+    """Run several configs (or load them from the cache), training the missing ones together.
+
+    The configs still to train must form one *run batch* (see :func:`batch_key`: the same
+    algorithm, model and client-side settings; seeds, data, schedules and server-side
+    settings may differ). On the vectorized path their clients are stacked in one group;
+    on the others the runs take turns each round. Each run writes its own result file,
+    the same as training it alone (up to float rounding: tested).
+    """
+    for c in configs:
+        c.validate()
     dev = pick_device(device)
-    path = default_path(dev) if engine == "auto" else engine
+    path = _validate_engine(engine, dev, checkpoint_every)
+    root = Path(root or results_dir())
+    results: dict[int, Result] = {}
+    todo: list[int] = []
+    for i, c in enumerate(configs):
+        out = result_path(c, root)
+        if out.exists() and not force:
+            results[i] = Result.load(out)
+            _log_run(results[i], cached=True)
+        elif c.key() not in {configs[j].key() for j in todo}:
+            todo.append(i)
+    if todo:
+        check_batch([configs[i] for i in todo])
+        trained = _train_batch([configs[i] for i in todo], dev, path, root, force, checkpoint_every, progress)
+        results.update(zip(todo, trained, strict=True))
+    return [results[i] if i in results else Result.load(result_path(c, root)) for i, c in enumerate(configs)]
+
+
+#: Config fields that may differ between the runs of one run batch: they act on the data and
+#: its partition, on the host (sampling, privacy mechanisms, the server step), or on the
+#: clients only through ``Algorithm.hyper`` (stacked per lane when they differ).
+BATCHABLE_FIELDS = frozenset({
+    "seed", "profile", "eval_every", "test_samples", "train_samples", "clients", "client_fraction",
+    "partition", "alpha", "min_client_samples", "shards_per_client", "server_lr",
+    "lr", "cosine_lr", "lr_min", "moon_mu", "moon_tau", "tau_min", "mu_max", "schedule_ramp",
+    "prune_t_min", "prune_t_max", "dp_epsilon", "dp_delta", "dp_schedule", "dp_eps_floor",
+    "dp_noise_multiplier", "clip_quantile", "clip_lr", "clip_count_std",
+    "ldp_epsilon", "ldp_clip", "fdl_r", "fdl_th", "fdl_k", "fdl_selection_share",
+    "signds_k", "signds_h", "signds_threshold", "signds_lr",
+})
+
+
+def batch_key(config: Config) -> str:
+    """Runs with equal keys can be trained together in one run batch (same rounds too)."""
+    d = {k: v for k, v in config.to_dict().items() if k not in BATCHABLE_FIELDS}
+    return json.dumps(d, sort_keys=True)
+
+
+def check_batch(configs: list[Config]) -> None:
+    keys = {batch_key(c) for c in configs}
+    if len(keys) > 1:
+        first = json.loads(next(iter(keys)))
+        differ = sorted({k for key in keys for k, v in json.loads(key).items() if first.get(k) != v})
+        raise ValueError(f"these configs cannot be trained in one run batch: they differ in {differ} "
+                         "(client-side settings); group them with fedlib.run.batch_key")
+
+
+class RunBatch:
+    """Experiments trained together one round at a time (see :func:`run_many`): their training
+    data are concatenated into one tensor that a single :class:`Executor` serves."""
+
+    def __init__(self, experiments: list[Experiment]):
+        self.experiments = experiments
+        sizes = [len(e.data.y_train) for e in experiments]
+        self.offsets = np.cumsum([0, *sizes[:-1]]).tolist()
+        if len(experiments) == 1:
+            self.x, self.y = experiments[0].data.x_train, experiments[0].data.y_train
+        else:
+            self.x = torch.cat([e.data.x_train for e in experiments])
+            self.y = torch.cat([e.data.y_train for e in experiments])
+
+    def executor(self, path: str, **kwargs) -> Executor:
+        return Executor(path, self.experiments[0].algo, self.x, self.y, **kwargs)
+
+    def round(self, t: int, executor: Executor) -> list[dict[str, float]]:
+        """Round ``t`` of every run; their clients go to the engine together."""
+        prepared = [e.prepare(t, off) for e, off in zip(self.experiments, self.offsets, strict=True)]
+        busy = [i for i, (sel, _) in enumerate(prepared) if sel]
+        outputs = dict(zip(busy, executor.run_many([prepared[i][1] for i in busy]), strict=True))
+        return [e.finish(sel, work, outputs.get(i))
+                for i, (e, (sel, work)) in enumerate(zip(self.experiments, prepared, strict=True))]
+
+
+def _train_batch(configs: list[Config], dev: torch.device, path: str, root: Path, force: bool,
+                 checkpoint_every: int, progress: bool) -> list[Result]:
     start = time.time()
-    exp = Experiment(config, dev)
-    history: list[dict] = []
-    first_round = 0
-    ckpt = checkpoint_path(config, root)
-    if ckpt.exists() and not force:
-        saved = torch.load(ckpt, map_location=dev, weights_only=False)
-        exp.load_state_dict(saved["state"])
-        history, first_round = saved["history"], saved["next_round"]
-    elapsed_before = sum(h["wall_s"] for h in history)
-
-    bar = tqdm(range(first_round, config.rounds), desc=f"{config.algorithm} ({path}, {dev.type})",
-               unit="round", disable=not progress, initial=first_round, total=config.rounds)
-    with Executor(path, exp.algo, exp.data.x_train, exp.data.y_train) as executor:
-        history = _train(exp, executor, bar, history, ckpt, checkpoint_every)
+    runs = [_Trainee(c, dev, root, force) for c in configs]
+    if len({r.first_round for r in runs}) > 1:  # checkpoints of unequal age: start all afresh
+        runs = [_Trainee(c, dev, root, force=True) for c in configs]
+    first, total = runs[0].first_round, configs[0].rounds
+    batch = RunBatch([r.exp for r in runs])
+    label = configs[0].algorithm + (f" x{len(runs)}" if len(runs) > 1 else "")
+    bar = tqdm(range(first, total), desc=f"{label} ({path}, {dev.type})", unit="round",
+               disable=not progress, initial=first, total=total)
+    with batch.executor(path) as executor:
+        for t in bar:
+            t0 = time.time()
+            recs = batch.round(t, executor)
+            wall = (time.time() - t0) / len(runs)
+            for r, rec in zip(runs, recs, strict=True):
+                done = r.after_round(t, rec, wall, checkpoint_every)
+            if done.get("test_acc") is not None:
+                bar.set_postfix(acc=f"{done['test_acc']:.4f}", loss=f"{done['test_loss']:.3f}")
     bar.close()
-
-    meta = {**provenance(dev, path), "seed": config.seed, "config_key": config.key(),
-            "resumed_from_round": first_round,
-            "duration_s": time.time() - start + elapsed_before,
-            "train_samples": int(len(exp.data.y_train)), "test_samples": int(len(exp.data.y_test)),
-            "client_sizes": [len(p) for p in exp.parts]}
-    result = Result(config, history, meta)
-    atomic_torch_save(tmap(lambda p: p.cpu(), exp.gparams), model_path(config, root))
-    result.save(out)
-    ckpt.unlink(missing_ok=True)
-    _log_run(result, cached=False)
-    return result
+    extra = {"run_batch": [c.key() for c in configs]} if len(configs) > 1 else {}
+    return [r.save(dev, path, start, root, extra) for r in runs]
 
 
 def _log_run(result: Result, cached: bool) -> None:

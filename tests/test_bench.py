@@ -11,19 +11,24 @@ from fedlib.run import Experiment
 
 KEYS = {"device", "model", "clients", "samples", "floor_s", "sequential_s", "vectorized_s", "eval_s",
         "default_s", "overhead_sequential", "speedup_vectorized", "default_vs_floor", "rounds_per_s",
-        "peak_mem_mb", "moon_s", "scaffold_s", "moon_dpap_dp_s",
-        "floor_1thread_s", "plain_parallel_s", "plain_parallel_vs_floor", "default_bf16_s",
-        "moon_dpap_state_mb_1000"}
+        "peak_mem_mb", "moon_s", "scaffold_s", "moon_dpap_dp_s", "default_bf16_s",
+        "moon_dpap_state_mb_1000", "run_batch_runs_per_s"}
+#: What the cores can give: measured on a CPU only.
+CPU_KEYS = {"floor_1thread_s", "plain_parallel_s", "plain_parallel_vs_floor"}
 
 
 def test_bench_json_line_has_every_key(capsys):
-    assert bench.main(["--samples", "400", "--clients", "4", "--rounds", "1", "--json"]) == 0
+    assert bench.main(["--samples", "400", "--clients", "4", "--rounds", "1", "--batch-runs", "1", "2",
+                       "--no-scale", "--json"]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert KEYS <= set(res)
+    keys = KEYS | (CPU_KEYS if res["device"].startswith("cpu") else set())
+    assert keys <= set(res)
     assert res["clients"] == 4 and res["samples"] == 400
     assert res["overhead_sequential"] == res["sequential_s"] / res["floor_s"]
-    assert res["plain_parallel_vs_floor"] == res["plain_parallel_s"] / res["floor_s"]
-    assert all(res[k] > 0 for k in KEYS if k.endswith("_s"))
+    if "plain_parallel_s" in res:
+        assert res["plain_parallel_vs_floor"] == res["plain_parallel_s"] / res["floor_s"]
+    assert all(res[k] > 0 for k in keys if k.endswith("_s") and k != "run_batch_runs_per_s")
+    assert set(res["run_batch_runs_per_s"]) == {"1", "2"} and min(res["run_batch_runs_per_s"].values()) > 0
 
 
 def test_client_state_size_is_the_stacked_state_of_the_engine():
@@ -31,3 +36,17 @@ def test_client_state_size_is_the_stacked_state_of_the_engine():
     exp = Experiment(cfg, torch.device("cpu"))
     stored = sum(t.numel() * t.element_size() for t in exp.client_states["prev"].values()) / 2**20
     assert bench.client_state_mb(cfg, 3) == stored
+
+
+def test_scale_figures_and_saved_provenance(tmp_path):
+    cfg = Config(clients=4, train_samples=240, test_samples=100, rounds=2, partition="iid")
+    tiny_paper = dict(bench.PAPER_SCALE, train_samples=240, test_samples=100, clients=4)
+    out = bench.scale_figures(cfg, torch.device("cpu"), rounds=1, clients=(4, 8), paper_scale=tiny_paper)
+    for k in ("round_s_4_clients", "round_s_8_clients", "paper_fedavg_run_s", "paper_fedavg_run_s_batched3",
+              "paper_moon_dpap_dp_run_s"):
+        assert out[k] > 0
+    path = bench.save(out, torch.device("cpu"), tmp_path)
+    saved = json.loads(path.read_text())
+    assert saved["results"] == out
+    for k in ("device", "git_commit", "torch", "python"):
+        assert k in saved["provenance"]

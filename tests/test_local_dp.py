@@ -14,6 +14,7 @@ from fedlib.algorithms.base import RoundContext
 from fedlib.config import Config
 from fedlib.models import build_model
 from fedlib.privacy import local
+from fedlib.privacy.discrete import rng_for
 from fedlib.privacy.noise import generator_for
 
 
@@ -86,11 +87,11 @@ def test_two_point_is_unbiased_and_two_valued():
     w = torch.tensor([-0.01, -0.004, 0.0, 0.007, 0.01]).expand(100_000, -1)
     eps, r = 0.5, 0.01
     out = local.two_point(w, 0.0, r, eps, generator_for(7))
-    level = r * (math.e ** eps + 1) / (math.e ** eps - 1)
+    level = r * (math.e**eps + 1) / (math.e**eps - 1)
     assert np.allclose(np.abs(np.unique(out.numpy())), level, rtol=1e-6) and len(np.unique(out.numpy())) == 2
     se = level / math.sqrt(100_000)
     assert torch.allclose(out.mean(0).double(), w[0].double(), atol=5 * se)
-    var = level ** 2 - w[0] ** 2  # the mechanism's variance formula
+    var = level**2 - w[0] ** 2  # the mechanism's variance formula
     assert torch.allclose(out.var(0).double(), var.double(), rtol=0.03)
 
 
@@ -102,13 +103,39 @@ def test_signds_nu_distribution_matches_formula():
     assert np.allclose(logp.exp().numpy(), w / w.sum())
     n = 20_000
     upd = torch.randn(n, d, generator=generator_for(8))
-    mask, signs, nu = local.signds_select(upd, k, h, nu_th, eps, generator_for(9))
+    mask, signs, nu = local.signds_select(upd, k, h, nu_th, eps, rng_for(9))
     assert (mask.sum(1) == h).all()
     top = torch.topk(signs[:, None] * upd, k, dim=1).indices
     in_top = torch.zeros(n, d, dtype=torch.bool).scatter(1, top, True)
     assert ((mask & in_top).sum(1) == nu).all()  # exactly nu reported dimensions from the top-k set
     counts = np.bincount(nu.numpy(), minlength=h + 1)
     assert chi2_pvalue(counts[w > 1e-12 * w.sum()], (w / w.sum())[w > 1e-12 * w.sum()]) > 1e-3
+
+
+def test_signds_subsets_are_uniform_inside_and_outside_the_top_k_set():
+    d, k, h = 30, 6, 5
+    n = 30_000
+    upd = torch.linspace(-1, 1, d).expand(n, -1)  # one update: two possible top sets (sign +/-)
+    mask, signs, nu = local.signds_select(upd, k, h, 3, 1.0, rng_for(11))
+    pos = (signs > 0).numpy()
+    top = set(range(d - k, d))  # s = +1: the k largest coordinates
+    inside, outside = sorted(top), [j for j in range(d) if j not in top]
+    m = mask.numpy()[pos]
+    assert chi2_pvalue(m[:, inside].sum(0), np.ones(k)) > 1e-3
+    assert chi2_pvalue(m[:, outside].sum(0), np.ones(d - k)) > 1e-3
+    assert m[:, outside].sum() == (h - nu.numpy()[pos]).sum()
+
+
+def test_discrete_laplace_values_on_the_grid_with_the_stated_scale():
+    values = torch.full((400, 100), 0.25)
+    mask = torch.rand(400, 100, generator=generator_for(12)) < 0.5
+    out, eps = local.discrete_laplace_values(values, mask, l1_sensitivity=2.0, epsilon=0.5, rng=rng_for(13))
+    assert (out[~mask] == 0).all()
+    step = 2.0**-30
+    noise = (out[mask].double() - 0.25).numpy()
+    assert np.all(np.round(noise / step) == noise / step)  # every output is a grid point
+    assert 0.5 * (1 - 1e-8) < eps <= 0.5  # the scale is rounded up to whole steps
+    assert np.mean(np.abs(noise)) == pytest.approx(2.0 / 0.5, rel=0.03)  # E|X| = scale = 4
 
 
 def test_epsilon_functions_equal_hand_computation():
@@ -127,12 +154,12 @@ def encode(algorithm: str, **kw):
     params = {k: v.detach() for k, v in model.named_parameters()}
     delta = {k: torch.randn((4, *v.shape), generator=generator_for(10)) * 1e-2 for k, v in params.items()}
     ctx = RoundContext(0, params, algo.hyper(0), {})
-    up = algo.privatize({"delta": delta}, [0, 1, 2, 3], ctx)
-    return cfg, algo, up, delta
+    up, stats = algo.privatize({"delta": delta}, [0, 1, 2, 3], ctx)
+    return cfg, algo, up, delta, stats
 
 
 def test_fdl_corrected_sends_exactly_k_pairs_and_nothing_else():
-    cfg, algo, up, _ = encode("fdl", fdl_mode="corrected", fdl_k=50, ldp_epsilon=1.0)
+    cfg, algo, up, _, _ = encode("fdl", fdl_mode="corrected", fdl_k=50, ldp_epsilon=1.0)
     assert set(up) == {"mask", "values", "scale"}
     assert (up["mask"].sum(1) == 50).all()
     assert (up["values"][~up["mask"]] == 0).all()
@@ -141,7 +168,7 @@ def test_fdl_corrected_sends_exactly_k_pairs_and_nothing_else():
 
 
 def test_fdl_as_published_sends_th_of_the_filtered_dimensions():
-    cfg, algo, up, delta = encode("fdl", fdl_r=0.3, fdl_th=0.8)
+    cfg, algo, up, delta, m = encode("fdl", fdl_r=0.3, fdl_th=0.8)
     flat = torch.cat([v.reshape(4, -1) for v in delta.values()], 1)
     v = flat / flat.abs().amax(1, keepdim=True)
     kept = v.abs() > 0.3
@@ -150,17 +177,16 @@ def test_fdl_as_published_sends_th_of_the_filtered_dimensions():
     assert not (up["mask"] & ~kept).any()  # only dimensions that passed the filter
     assert (up["values"][~up["mask"]] == 0).all()
     assert algo.epsilon_per_round() == math.inf
-    m = algo.round_metrics({}, RoundContext(0, {}, {}, {}))
     assert m["epsilon_nominal"] == 0.5
     assert m["epsilon_composed_ignoring_filter"] == pytest.approx(2 * 0.5 * round(float(th.double().mean())))
 
 
 def test_signds_and_ldp_fl_uploads():
-    cfg, algo, up, _ = encode("signds_fl", signds_h=30)
+    cfg, algo, up, _, _ = encode("signds_fl", signds_h=30)
     assert (up["mask"].sum(1) == 30).all()
     vals = up["values"][up["mask"]].abs()
     assert torch.allclose(vals, torch.full_like(vals, cfg.signds_lr))
-    cfg, algo, up, _ = encode("ldp_fl")
+    cfg, algo, up, _, _ = encode("ldp_fl")
     assert up["mask"].all() and algo.epsilon_per_round() == pytest.approx(0.5 * algo.dims)
 
 
@@ -169,3 +195,53 @@ def test_local_dp_config_errors():
         Config(algorithm="fdl", fdl_mode="typo").validate()
     with pytest.raises(Exception, match="ldp_epsilon"):
         Config(algorithm="ldp_fl", ldp_epsilon=0).validate()
+
+
+def test_corrected_fdl_without_noise_or_sparsity_is_fedavg(tmp_path):
+    """With every dimension sent (k = d), a clip that never binds and a huge budget, corrected FDL
+    is FedAvg up to the 2^-30 grid: a sign or scale error in encoding or decoding would show."""
+    from fedlib import run
+    from fedlib.run import load_model
+
+    base = Config(
+        dataset="mnist",
+        model="mlp",
+        clients=4,
+        partition="iid",
+        train_samples=400,
+        test_samples=100,
+        rounds=1,
+        batch_size=50,
+        lr=0.05,
+        momentum=0.0,
+    )
+    fed = run(base, root=tmp_path / "a", progress=False, device="cpu")
+    fdl_cfg = base.replace(
+        algorithm="fdl", fdl_mode="corrected", fdl_k=79_510, ldp_clip=1.0, ldp_epsilon=1e16, fdl_r=0.0
+    )
+    fdl_run = run(fdl_cfg, root=tmp_path / "b", progress=False, device="cpu")
+    pa, pb = load_model(fed, tmp_path / "a")[1], load_model(fdl_run, tmp_path / "b")[1]
+    for k in pa:
+        torch.testing.assert_close(pa[k], pb[k], atol=1e-6, rtol=0)
+
+
+def test_signds_moves_each_top_coordinate_with_the_update():
+    """With a large budget every reported dimension comes from the top-k set of s * update, and
+    the server step there has the sign of the client's own update."""
+    d, n = 50, 200
+    cfg = Config(
+        algorithm="signds_fl",
+        dataset="mnist",
+        model="mlp",
+        clients=2,
+        ldp_epsilon=60.0,
+        signds_k=0.1,
+        signds_h=5,
+        signds_threshold=1.0,
+    )
+    algo = ALGORITHMS["signds_fl"](cfg, torch.nn.Linear(d, 1, bias=False))
+    upd = torch.randn(n, d, generator=generator_for(14))
+    out, stats = algo.encode(upd, (15,))
+    assert stats["nu_mean"] == 5.0
+    sent = out["mask"]
+    assert (torch.sign(out["values"][sent]) == torch.sign(upd[sent])).all()

@@ -62,5 +62,10 @@ def test_attack_on_real_models():
     never = loss_threshold_attack(unseen_a, unseen_b, n_boot=50)
     # clearly above chance: the whole 95 % interval of the AUC is above 0.6
     assert overfit.auc > 0.65 and overfit.ci["auc"][0] > 0.6
-    assert never.auc == pytest.approx(0.5, abs=0.1)
-    assert never.ci["auc"][0] < 0.5 < never.ci["auc"][1]
+    # Two sets of non-members: the AUC is a Mann-Whitney statistic under its null, with standard
+    # deviation sqrt((n1 + n2 + 1) / (12 n1 n2)) = 0.036 here. A band of 4.89 standard deviations
+    # fails with probability 1e-6 (normal approximation) over the random split, on any machine.
+    # (A 95 % interval that must contain 0.5 fails 5 % of the time by design.)
+    n1 = n2 = 128
+    sd = ((n1 + n2 + 1) / (12 * n1 * n2)) ** 0.5
+    assert abs(never.auc - 0.5) < 4.89 * sd

@@ -23,7 +23,7 @@ def test_cache_hit_and_force(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("should not train on a cache hit")
 
-    monkeypatch.setattr(Experiment, "round", boom)
+    monkeypatch.setattr(Experiment, "prepare", boom)
     again = run(CFG, root=tmp_path, progress=False)
     assert again.history == first.history
     with pytest.raises(AssertionError, match="cache hit"):
@@ -58,19 +58,19 @@ def test_atomic_write_leaves_nothing_half_written(tmp_path, monkeypatch):
 
 def test_interrupt_and_resume_equals_uninterrupted(tmp_path, monkeypatch):
     full = run(CFG, root=tmp_path / "full", progress=False, checkpoint_every=1)
-    original = Experiment.round
+    original = Experiment.prepare
 
-    def interrupted(self, t, executor):
+    def interrupted(self, t, *args):
         if t == 2:
             raise KeyboardInterrupt
-        return original(self, t, executor)
+        return original(self, t, *args)
 
-    monkeypatch.setattr(Experiment, "round", interrupted)
+    monkeypatch.setattr(Experiment, "prepare", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run(CFG, root=tmp_path / "part", progress=False, checkpoint_every=1)
     assert checkpoint_path(CFG, tmp_path / "part").exists()
     assert not result_path(CFG, tmp_path / "part").exists()
-    monkeypatch.setattr(Experiment, "round", original)
+    monkeypatch.setattr(Experiment, "prepare", original)
 
     resumed = run(CFG, root=tmp_path / "part", progress=False, checkpoint_every=1)
     assert resumed.meta["resumed_from_round"] == 2
@@ -97,7 +97,7 @@ def test_cli_json_line(tmp_path):
     env = {**os.environ, "FEDLIB_RESULTS_DIR": str(tmp_path)}
     out = subprocess.run(
         [sys.executable, "-m", "fedlib", "run", "--apply-profile", "smoke", "--rounds", "2",
-         "--seed", "3", "--engine", "parallel", "--json", "--no-progress"],
+         "--seed", "3", "--engine", "parallel", "--device", "cpu", "--json", "--no-progress"],
         capture_output=True, text=True, env=env, check=True, timeout=300)
     line = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(line) >= {"test_acc", "test_loss", "result_path", "config_key"}

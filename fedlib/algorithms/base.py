@@ -30,6 +30,8 @@ from torch import nn
 from torch.func import functional_call, grad_and_value
 
 from fedlib.config import Config
+from fedlib.privacy.guarantee import GaussianEvent, Guarantee, PureEvent
+from fedlib.streams import Stream
 from fedlib.tree import Tree, numel, tmap
 
 Params = dict[str, torch.Tensor]
@@ -43,6 +45,9 @@ class RoundContext:
     gparams: Params
     hyper: dict[str, float]
     shared: Tree = None  # what the server broadcasts besides the model (``broadcast``)
+    #: True when the engine runs the client functions under ``torch.func.vmap`` (the
+    #: vectorized path): gradients must then come from ``torch.func``, not autograd.
+    vectorized: bool = False
 
 
 def weighted_mean(values: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -69,7 +74,7 @@ def sample_clients(config: Config, t: int) -> list[int]:
     m = config.clients_per_round
     if m >= config.clients:
         return list(range(config.clients))
-    rng = np.random.default_rng([config.seed, 31, t])
+    rng = np.random.default_rng([config.seed, Stream.SAMPLING, t])
     return sorted(rng.choice(config.clients, size=m, replace=False).tolist())
 
 
@@ -117,8 +122,9 @@ class Algorithm:
     # ---- client (pure) ----------------------------------------------------------------
     def client_init(self, cstate: Tree, ctx: RoundContext) -> Tree:
         params = tmap(torch.clone, ctx.gparams)
+        zero = next(iter(params.values())).new_zeros(())  # on the run's device, in its dtype
         return {"params": params, "mom": tmap(torch.zeros_like, params),
-                "steps": torch.zeros(()), "loss_sum": torch.zeros(())}
+                "steps": zero, "loss_sum": zero}
 
     def forward(self, params: Params, batch: dict[str, torch.Tensor], return_repr: bool = False):
         """The model on ``batch`` with ``params``. Under ``precision="bfloat16"`` the forward
@@ -127,7 +133,7 @@ class Algorithm:
         kwargs = {"return_repr": return_repr}
         if "drop" in batch:
             kwargs["dropout_mask"] = batch["drop"]
-        if self.config.precision == "float32":
+        if self.config.precision != "bfloat16":
             return functional_call(self.model, params, (batch["x"],), kwargs)
         with torch.autocast(batch["x"].device.type, dtype=torch.bfloat16):
             out = functional_call(self.model, params, (batch["x"],), kwargs)
@@ -142,15 +148,14 @@ class Algorithm:
         """Hook for gradient corrections (SCAFFOLD); identity here."""
         return grads
 
-    #: True while the engine runs this algorithm under ``torch.func.vmap`` (vectorized path).
-    functional: bool = False
-
-    def loss_and_grad(self, params: Params, *args) -> tuple[Params, torch.Tensor]:
+    def loss_and_grad(self, params: Params, batch: dict[str, torch.Tensor], sstate: Tree, cstate: Tree,
+                      ctx: RoundContext) -> tuple[Params, torch.Tensor]:
         """Gradients of :meth:`loss` w.r.t. ``params`` and the loss. Under ``vmap`` (the
-        vectorized path) through ``torch.func.grad_and_value``; otherwise with plain autograd,
-        which computes the same numbers without functorch's per-op wrapping (about 10 % of a
-        small CNN's step on a CPU)."""
-        if self.functional:
+        vectorized path, ``ctx.vectorized``) through ``torch.func.grad_and_value``; otherwise
+        with plain autograd, which computes the same numbers without functorch's per-op
+        wrapping (about 10 % of a small CNN's step on a CPU)."""
+        args = (batch, sstate, cstate, ctx)
+        if ctx.vectorized:
             return grad_and_value(self.loss)(params, *args)
         leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
         with torch.enable_grad():
@@ -177,15 +182,32 @@ class Algorithm:
         return {"delta": delta}, cstate, metrics
 
     # ---- between clients and server (host side) -----------------------------------------
-    def privatize(self, uploads: Tree, clients: list[int], ctx: RoundContext) -> Tree:
+    def privatize(self, uploads: Tree, clients: list[int],
+                  ctx: RoundContext) -> tuple[Tree, dict[str, float]]:
         """Client-side randomisation of the stacked uploads before they leave the clients
-        (local DP). Runs on the host with per-(seed, round, client) generators, so every
-        engine path draws the same noise. Identity here."""
-        return uploads
+        (local DP), and the round's statistics of it. Runs on the host with generators keyed by
+        :meth:`noise_seed`, so every engine path draws the same noise. Identity here."""
+        return uploads, {}
 
     def round_metrics(self, server_state: Tree, ctx: RoundContext) -> dict[str, float]:
-        """Per-round bookkeeping to record (e.g. epsilon spent, sparsity)."""
+        """Per-round bookkeeping to record (e.g. the clip norm, sparsity)."""
         return {}
+
+    # ---- privacy ----------------------------------------------------------------------------
+    def guarantee(self) -> Guarantee | None:
+        """The privacy statement this run makes (None: no privacy mechanism)."""
+        return None
+
+    def privacy_event(self, ctx: RoundContext) -> GaussianEvent | PureEvent | None:
+        """What round ``ctx.t`` spent, for the run's accountant (see :mod:`fedlib.privacy.guarantee`)."""
+        return None
+
+    def noise_seed(self, stream: int, t: int, client: int | None = None) -> tuple[int, ...]:
+        """The integers that key a privacy-noise stream: the whole configuration (its cache key,
+        which includes the seed), the stream, the round and the client. Two runs that differ in
+        any setting (a budget, a clip norm) draw independent noise; one config reproduces exactly."""
+        parts = (int(self.config.key(), 16), int(stream), t)
+        return parts if client is None else (*parts, client)
 
     def extra_metrics(self, experiment, final: bool) -> dict[str, float]:
         """Metrics beyond the global model's test accuracy and loss (e.g. personalisation);

@@ -17,23 +17,26 @@ shift) and sets ``C <- C exp(-eta_C (b - gamma))`` for the next round. The two G
 queries share the budget: the update noise uses ``z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2``
 so the pair is exactly as private as one Gaussian query with multiplier ``z``.
 
-Accounting: ``T`` Poisson-sampled Gaussian mechanisms with rate ``q`` and multiplier ``z``
-(dp-accounting's RDP accountant per round; PLD for the final total).
+Neighbouring relation: add/remove one client, with the *fixed* denominator ``qN`` (so the
+number of clients in a round is never divided out), sensitivity ``C``.
+
+Accounting: ``T`` Poisson-sampled Gaussian mechanisms with rate ``q`` and multiplier ``z``, by
+the run's accountant (RDP at integer orders, which holds for the floating-point-safe discrete
+Gaussian noise that :mod:`fedlib.privacy.central` adds; noise keyed on the whole configuration).
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import torch
 
 from fedlib.algorithms.base import Algorithm, Params, RoundContext
 from fedlib.config import Config
-from fedlib.privacy.accounting import epsilon_of_gaussian_rounds
+from fedlib.privacy.central import AdaptiveClipping, noisy_sum
 from fedlib.privacy.clipping import clip_by_l2
-from fedlib.privacy.noise import gaussian_noise_like, generator_for
-from fedlib.tree import Tree, tmap
+from fedlib.privacy.guarantee import GaussianEvent, Guarantee, Relation
+from fedlib.streams import Stream
+from fedlib.tree import Tree
 
 
 class DpFedAvg(Algorithm):
@@ -45,17 +48,16 @@ class DpFedAvg(Algorithm):
         self.q = c.client_fraction
         self.expected = self.q * c.clients
         self.sigma_b = c.clip_count_std or self.expected / 20
+        self.adaptive = (AdaptiveClipping(c.clip_quantile, c.clip_lr, self.sigma_b) if c.adaptive_clip
+                         else None)
         z = c.dp_noise_multiplier
-        if c.adaptive_clip and z > 0:
-            self.z_delta = (z ** -2 - (2 * self.sigma_b) ** -2) ** -0.5
-        else:
-            self.z_delta = z
+        self.z_delta = self.adaptive.update_multiplier(z) if self.adaptive else z
 
     def sample_clients(self, t: int) -> list[int]:
         """Poisson sampling: each client independently with probability q."""
         if self.q >= 1:
             return list(range(self.config.clients))
-        rng = np.random.default_rng([self.config.seed, 43, t])
+        rng = np.random.default_rng([self.config.seed, Stream.POISSON, t])
         return np.flatnonzero(rng.random(self.config.clients) < self.q).tolist()
 
     def init_server_state(self, gparams: Params) -> Tree:
@@ -72,29 +74,32 @@ class DpFedAvg(Algorithm):
         return {"delta": clipped, "unclipped": (norm <= ctx.shared["clip"]).float()}, new_cstate, metrics
 
     def empty_uploads(self, gparams: Params) -> Tree:
-        return {**super().empty_uploads(gparams), "unclipped": torch.zeros(0)}
+        device = next(iter(gparams.values())).device
+        return {**super().empty_uploads(gparams), "unclipped": torch.zeros(0, device=device)}
 
     def server_update(self, gparams, server_state, uploads, weights, ctx):
         c = self.config
         clip = ctx.shared["clip"]
-        g = generator_for(c.seed, 47, ctx.t)
-        total = tmap(lambda d: d.sum(0), uploads["delta"])
-        noise = gaussian_noise_like(total, self.z_delta * clip, g)
-        new = tmap(lambda w, s, n: w + c.server_lr * (s + n) / self.expected, gparams, total, noise)
-        if not c.adaptive_clip:
+        total = noisy_sum(uploads["delta"], clip, self.z_delta, Relation.ADD_REMOVE,
+                          self.noise_seed(Stream.DP_FEDAVG_NOISE, ctx.t), c.secure_noise)
+        new = {k: w + c.server_lr * total[k] / self.expected for k, w in gparams.items()}
+        if self.adaptive is None:
             return new, server_state
-        count_noise = float(torch.randn((), generator=g)) * self.sigma_b
-        b = (float((uploads["unclipped"] - 0.5).sum()) + count_noise) / self.expected + 0.5
-        b = min(1.0, max(0.0, b))
-        new_clip = server_state["clip"] * math.exp(-c.clip_lr * (b - c.clip_quantile))
-        return new, {"clip": new_clip}
+        new_clip = self.adaptive.next_clip(clip, uploads["unclipped"], self.expected,
+                                           self.noise_seed(Stream.DP_FEDAVG_COUNT, ctx.t), c.secure_noise)
+        return new, {"clip": torch.tensor(new_clip, dtype=torch.float64, device=server_state["clip"].device)}
 
     def round_metrics(self, server_state: Tree, ctx: RoundContext) -> dict[str, float]:
-        c = self.config
-        out = {"clip": ctx.shared["clip"], "next_clip": float(server_state["clip"])}
-        if c.dp_noise_multiplier > 0:
-            zs = [c.dp_noise_multiplier] * (ctx.t + 1)
-            out["epsilon_spent"] = epsilon_of_gaussian_rounds(zs, c.dp_delta, q=self.q, accountant="rdp")
-            if ctx.t + 1 == c.rounds:
-                out["epsilon_pld"] = epsilon_of_gaussian_rounds(zs, c.dp_delta, q=self.q, accountant="pld")
-        return out
+        return {"clip": ctx.shared["clip"], "next_clip": float(server_state["clip"])}
+
+    def guarantee(self) -> Guarantee | None:
+        if self.config.dp_noise_multiplier <= 0:
+            return None
+        return Guarantee("client", Relation.ADD_REMOVE, "central", self.config.dp_delta,
+                         "Gaussian on the sum of clipped updates, fixed denominator qN, "
+                         f"Poisson rate q = {self.q:g}"
+                         + ("; adaptive clip from a noised count" if self.adaptive else ""))
+
+    def privacy_event(self, ctx: RoundContext) -> GaussianEvent | None:
+        z = self.config.dp_noise_multiplier
+        return GaussianEvent(z, self.q) if z > 0 else None

@@ -27,7 +27,9 @@ import math
 import torch
 
 from fedlib.algorithms.sparse import SparseUpload
+from fedlib.privacy.discrete import rng_for
 from fedlib.privacy.local import (
+    discrete_laplace_values,
     exponential_mechanism_log_weights,
     fdl_corrected_epsilon,
     fdl_published_epsilon,
@@ -35,18 +37,27 @@ from fedlib.privacy.local import (
     laplace_values,
     mask_of,
 )
+from fedlib.privacy.noise import generator_for
+from fedlib.streams import Stream
 
 
 class Fdl(SparseUpload):
     name = "fdl"
-    stream = 63
+    stream = Stream.FDL
 
-    def encode(self, flat: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    @property
+    def mechanism(self) -> str:  # type: ignore[override]
         if self.config.fdl_mode == "as_published":
-            return self._as_published(flat, generator)
-        return self._corrected(flat, generator)
+            return "as published: data-dependent filter and scale, th draws and values at epsilon each"
+        return "k exponential draws (Gumbel-top-k) and discrete Laplace values, budget split"
 
-    def _as_published(self, flat: torch.Tensor, g: torch.Generator) -> dict[str, torch.Tensor]:
+    def encode(self, flat: torch.Tensor, seed: tuple[int, ...]) -> tuple[dict[str, torch.Tensor], dict]:
+        if self.config.fdl_mode == "as_published":
+            return self._as_published(flat, generator_for(*seed))
+        return self._corrected(flat, seed)
+
+    def _as_published(self, flat: torch.Tensor, g: torch.Generator) -> tuple[dict[str, torch.Tensor], dict]:
+        """The paper's mechanism (continuous float64 Laplace: it has no finite epsilon to protect)."""
         c = self.config
         scale = flat.abs().amax(1).clamp_min(1e-12)
         v = flat / scale[:, None]
@@ -58,26 +69,42 @@ class Fdl(SparseUpload):
         idx = gumbel_top_k(logw, int(th.max()), g)
         mask = mask_of(idx, v.shape[1], th)
         values = laplace_values(v, mask, 2.0 / c.ldp_epsilon, g)
-        self.stats = {"kept_frac": float(n_kept.double().mean()) / self.dims,
-                      "th_mean": float(th.double().mean())}
-        return {"mask": mask, "values": values, "scale": scale}
+        th_mean = float(th.double().mean())
+        claims = fdl_published_epsilon(c.ldp_epsilon, round(th_mean))
+        stats = {"kept_frac": float(n_kept.double().mean()) / self.dims, "th_mean": th_mean,
+                 "epsilon_nominal": claims["nominal"],
+                 "epsilon_composed_ignoring_filter": claims["composed_ignoring_filter"]}
+        return {"mask": mask, "values": values, "scale": scale}, stats
 
-    def _corrected(self, flat: torch.Tensor, g: torch.Generator) -> dict[str, torch.Tensor]:
+    def _corrected(self, flat: torch.Tensor, seed: tuple[int, ...]) -> tuple[dict[str, torch.Tensor], dict]:
         c = self.config
-        k = min(c.fdl_k, flat.shape[1])
-        eps_sel, eps_val = self._split()
+        k = self.k(flat.shape[1])
+        eps_sel, eps_val = self.split()
         v = flat.clamp(-c.ldp_clip, c.ldp_clip) / c.ldp_clip
         u = (v.abs() / c.fdl_r).clamp(max=1.0) if c.fdl_r > 0 else v.abs()
-        idx = gumbel_top_k(exponential_mechanism_log_weights(u, eps_sel / k), k, g)
+        idx = gumbel_top_k(exponential_mechanism_log_weights(u, self.selection_epsilon_per_draw(k)), k,
+                           generator_for(*seed))
         mask = mask_of(idx, v.shape[1])
-        values = laplace_values(v, mask, 2.0 * k / eps_val, g)
-        self.stats = {"kept_frac": 1.0}
+        values, _ = discrete_laplace_values(v, mask, self.values_l1_sensitivity(k), eps_val, rng_for(*seed))
         return {"mask": mask, "values": values,
-                "scale": torch.full((flat.shape[0],), c.ldp_clip, device=flat.device)}
+                "scale": torch.full((flat.shape[0],), c.ldp_clip, device=flat.device)}, {"kept_frac": 1.0}
 
-    def _split(self) -> tuple[float, float]:
+    # ---- the corrected mechanism's budget (each piece named, so each can be audited) ------------
+    def k(self, dims: int) -> int:
+        return min(self.config.fdl_k, dims)
+
+    def split(self) -> tuple[float, float]:
+        """(epsilon of the selection, epsilon of the values): their sum is ``ldp_epsilon``."""
         c = self.config
         return c.fdl_selection_share * c.ldp_epsilon, (1 - c.fdl_selection_share) * c.ldp_epsilon
+
+    def selection_epsilon_per_draw(self, k: int) -> float:
+        """Each of the k draws spends ``eps_sel / k``; by composition the selection spends ``eps_sel``."""
+        return self.split()[0] / k
+
+    def values_l1_sensitivity(self, k: int) -> float:
+        """k values in ``[-1, 1]``: a replaced client can move each by 2, all together by ``2k``."""
+        return 2.0 * k
 
     def upload_bytes(self, upload) -> int:
         n = int(upload["mask"].sum())
@@ -86,13 +113,4 @@ class Fdl(SparseUpload):
     def epsilon_per_round(self) -> float:
         if self.config.fdl_mode == "as_published":
             return math.inf
-        return fdl_corrected_epsilon(*self._split())
-
-    def round_metrics(self, server_state, ctx):
-        stats = dict(self.stats)
-        out = super().round_metrics(server_state, ctx)
-        if self.config.fdl_mode == "as_published" and "th_mean" in stats:
-            claims = fdl_published_epsilon(self.config.ldp_epsilon, round(stats["th_mean"]))
-            out.update({"epsilon_nominal": claims["nominal"],
-                        "epsilon_composed_ignoring_filter": claims["composed_ignoring_filter"]})
-        return out
+        return fdl_corrected_epsilon(*self.split())

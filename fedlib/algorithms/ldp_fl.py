@@ -14,16 +14,19 @@ import torch
 
 from fedlib.algorithms.sparse import SparseUpload
 from fedlib.privacy.local import ldp_fl_epsilon, two_point
+from fedlib.privacy.noise import generator_for
+from fedlib.streams import Stream
 
 
 class LdpFl(SparseUpload):
     name = "ldp_fl"
-    stream = 61
+    stream = Stream.LDP_FL
+    mechanism = "two-point mechanism on every coordinate"
 
-    def encode(self, flat: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def encode(self, flat: torch.Tensor, seed: tuple[int, ...]) -> tuple[dict[str, torch.Tensor], dict]:
         c = self.config
-        values = two_point(flat, 0.0, c.ldp_clip, c.ldp_epsilon, generator)
-        return {"mask": torch.ones_like(flat, dtype=torch.bool), "values": values}
+        values = two_point(flat, 0.0, c.ldp_clip, c.ldp_epsilon, generator_for(*seed))
+        return {"mask": torch.ones_like(flat, dtype=torch.bool), "values": values}, {}
 
     def upload_bytes(self, upload) -> int:
         """One bit per coordinate (two possible values) and no indices: every coordinate is sent."""

@@ -7,21 +7,25 @@
 * magnitude pruning with a linearly growing threshold, eq. 6-7 (``prune``): the server
   computes cumulative masks from the *noised* global model (post-processing, no leak),
   clients upload masked updates, and the upload is counted in a bitmap-sparse encoding;
-* client-level differential privacy (``dp``):
+* client-level differential privacy (``dp``), with one stated neighbouring relation for both
+  modes: *replace one client* (the server divides by the number of clients, which is public
+  and fixed: every client takes part in every round, as in the paper), so a sum of updates
+  clipped to L2 norm ``C`` (``dp_clip``) has sensitivity ``2C``:
 
-  - each client clips its model update to L2 norm ``C`` (``dp_clip``);
-  - ``central``: the server adds ``N(0, (z_t C)^2)`` to the *sum* of the clipped updates
-    and divides by the number of clients (add/remove-one-client adjacency, sensitivity C);
-  - ``local``: each client adds ``N(0, (2 z_t C)^2)`` to its own update before it leaves
-    (replace-one adjacency, sensitivity 2C), as the paper's wording suggests;
+  - each client clips its model update to L2 norm ``C``;
+  - ``central``: the server adds ``N(0, (2 z_t C)^2)`` to the *sum* of the clipped updates and
+    divides by the number of clients (:func:`fedlib.privacy.central.noisy_sum`);
+  - ``local``: each client adds ``N(0, (2 z_t C)^2)`` to its own update before it leaves, as the
+    paper's wording suggests (:func:`fedlib.privacy.central.noisy_each`);
   - ``z_t`` is the *analytic* Gaussian multiplier (Balle & Wang 2018) for the round's
     epsilon: the paper's eq. 4 (classic formula) is valid only for epsilon < 1;
   - schedule ``paper``: ``epsilon(t) = epsilon_0 (1 - t/T)`` (eq. 5) with t = 0..T-1 and
     the stated floor; schedule ``constant``: one ``z`` calibrated so the whole run spends
     ``dp_epsilon`` in total;
-  - the whole run's (epsilon, delta) is composed exactly: with every client in every round
-    the T Gaussian releases compose to one Gaussian with ``mu = sqrt(sum_t z_t^-2)``
-    (Dong, Roth, Su 2022); the tests check it against dp-accounting's PLD and RDP.
+  - the noise is floating-point safe (discrete Gaussian on a grid, :mod:`fedlib.privacy.discrete`)
+    and keyed on the whole configuration, so runs that differ in any setting draw independent
+    noise; the run's accountant composes the T releases by RDP at integer orders, which holds
+    for that noise (:mod:`fedlib.privacy.accounting`).
 
 With DP on, the average over clients is unweighted (the sensitivity of a sample-weighted
 average would depend on the client sizes).
@@ -35,10 +39,12 @@ from fedlib import pruning, schedules
 from fedlib.algorithms.base import Params, RoundContext
 from fedlib.algorithms.moon import Moon
 from fedlib.config import Config, ConfigError
-from fedlib.privacy.accounting import calibrate_constant_noise, gaussian_sigma, gdp_epsilon
+from fedlib.privacy.accounting import calibrate_rdp, gaussian_sigma, rdp_epsilon
+from fedlib.privacy.central import noisy_each, noisy_sum
 from fedlib.privacy.clipping import clip_by_l2
-from fedlib.privacy.noise import gaussian_noise_like, generator_for
-from fedlib.tree import Tree, tmap
+from fedlib.privacy.guarantee import GaussianEvent, Guarantee, Relation
+from fedlib.streams import Stream
+from fedlib.tree import Tree
 
 
 def noise_multipliers(config: Config) -> list[float]:
@@ -47,14 +53,15 @@ def noise_multipliers(config: Config) -> list[float]:
     if c.dp == "none":
         return []
     if c.dp_schedule == "constant":
-        return [calibrate_constant_noise(c.dp_epsilon, c.dp_delta, total)] * total
+        return [calibrate_rdp(c.dp_epsilon, c.dp_delta, total)] * total
     return [gaussian_sigma(schedules.epsilon_schedule(t, total, c.dp_epsilon, c.dp_eps_floor), c.dp_delta)
             for t in range(total)]
 
 
 def total_epsilon(zs: list[float], delta: float) -> float:
-    """Exact epsilon at ``delta`` of the run so far (every client in every round: no sampling)."""
-    return gdp_epsilon(zs, delta)
+    """Epsilon at ``delta`` of the run so far (every client in every round: no sampling), by RDP
+    at integer orders, the accounting of the run's discrete Gaussian noise."""
+    return rdp_epsilon(zs, delta)
 
 
 class MoonDpap(Moon):
@@ -103,17 +110,11 @@ class MoonDpap(Moon):
         """Local mode: each client adds N(0, (2 z_t C)^2) to its clipped update (on the kept
         coordinates when pruning; the mask is public) before anything leaves it."""
         if self.config.dp != "local":
-            return uploads
-        std = 2 * ctx.hyper["noise_multiplier"] * self.config.dp_clip
-        noisy = []
-        for row, cid in enumerate(clients):
-            g = generator_for(self.config.seed, 41, ctx.t, cid)
-            d = tmap(lambda u, row=row: u[row], uploads["delta"])
-            noise = gaussian_noise_like(d, std, g)
-            if "masks" in ctx.shared:
-                noise = pruning.apply_masks(noise, ctx.shared["masks"])
-            noisy.append(tmap(torch.add, d, noise))
-        return {"delta": tmap(lambda *xs: torch.stack(xs), *noisy)}
+            return uploads, {}
+        seeds = [self.noise_seed(Stream.LOCAL_NOISE, ctx.t, cid) for cid in clients]
+        c = self.config
+        return {"delta": noisy_each(uploads["delta"], c.dp_clip, ctx.hyper["noise_multiplier"], seeds,
+                                    c.secure_noise, ctx.shared.get("masks"))}, {}
 
     # ---- server ---------------------------------------------------------------------------
     def server_update(self, gparams, server_state, uploads, weights, ctx):
@@ -121,20 +122,31 @@ class MoonDpap(Moon):
         if c.dp == "none":
             new, _ = super().server_update(gparams, server_state, uploads, weights, ctx)
         else:
-            total = tmap(lambda d: d.sum(0), uploads["delta"])
             if c.dp == "central":
-                g = generator_for(c.seed, 37, ctx.t)
-                noise = gaussian_noise_like(total, ctx.hyper["noise_multiplier"] * c.dp_clip, g)
-                if "masks" in server_state:
-                    noise = pruning.apply_masks(noise, server_state["masks"])
-                total = tmap(torch.add, total, noise)
-            m = uploads["delta"][next(iter(uploads["delta"]))].shape[0]
-            new = tmap(lambda w, s: w + c.server_lr * s / m, gparams, total)
+                total = noisy_sum(uploads["delta"], c.dp_clip, ctx.hyper["noise_multiplier"],
+                                  Relation.REPLACE_ONE, self.noise_seed(Stream.CENTRAL_NOISE, ctx.t),
+                                  c.secure_noise, server_state.get("masks"))
+            else:
+                total = {k: d.sum(0) for k, d in uploads["delta"].items()}
+            m = c.clients  # public and fixed: every client takes part in every round
+            new = {k: w + c.server_lr * total[k] / m for k, w in gparams.items()}
         if "masks" not in server_state:
             return new, server_state
         threshold = schedules.pruning_threshold(ctx.t + 1, c.rounds, c.prune_t_min, c.prune_t_max)
         masks = pruning.update_masks(new, server_state["masks"], threshold)
         return pruning.apply_masks(new, masks), {"masks": masks}
+
+    # ---- privacy ----------------------------------------------------------------------------
+    def guarantee(self) -> Guarantee | None:
+        if self.config.dp == "none":
+            return None
+        where = "trusted server adds noise to the sum" if self.config.dp == "central" \
+            else "each client adds noise to its update"
+        return Guarantee("client", Relation.REPLACE_ONE, self.config.dp, self.config.dp_delta,
+                         f"Gaussian, {where}; sensitivity 2C")
+
+    def privacy_event(self, ctx: RoundContext) -> GaussianEvent | None:
+        return GaussianEvent(self.z[ctx.t]) if self.z else None
 
     # ---- bookkeeping ------------------------------------------------------------------------
     def upload_bytes(self, upload: Tree) -> int:
@@ -150,5 +162,4 @@ class MoonDpap(Moon):
             out["sparsity"] = pruning.sparsity(server_state["masks"], ctx.gparams)
         if self.z:
             out["noise_multiplier"] = self.z[ctx.t]
-            out["epsilon_spent"] = total_epsilon(self.z[:ctx.t + 1], self.config.dp_delta)
         return out

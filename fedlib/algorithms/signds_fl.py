@@ -16,23 +16,25 @@ import math
 import torch
 
 from fedlib.algorithms.sparse import SparseUpload
+from fedlib.privacy.discrete import rng_for
 from fedlib.privacy.local import signds_epsilon, signds_select
+from fedlib.streams import Stream
 
 
 class SignDsFl(SparseUpload):
     name = "signds_fl"
-    stream = 62
+    stream = Stream.SIGNDS_FL
+    mechanism = "exponential choice of how many reported dimensions come from the top-k set"
 
-    def encode(self, flat: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def encode(self, flat: torch.Tensor, seed: tuple[int, ...]) -> tuple[dict[str, torch.Tensor], dict]:
         c = self.config
         d = flat.shape[1]
         k = max(1, math.ceil(c.signds_k * d))
         h = min(c.signds_h, d)
         nu_th = math.ceil(c.signds_threshold * h)
-        mask, signs, nu = signds_select(flat, k, h, nu_th, c.ldp_epsilon, generator)
-        self.stats = {"nu_mean": float(nu.float().mean()), "nu_threshold": nu_th}
+        mask, signs, nu = signds_select(flat, k, h, nu_th, c.ldp_epsilon, rng_for(*seed))
         values = torch.where(mask, c.signds_lr * signs[:, None], torch.zeros_like(flat))
-        return {"mask": mask, "values": values}
+        return {"mask": mask, "values": values}, {"nu_mean": float(nu.float().mean()), "nu_threshold": nu_th}
 
     def upload_bytes(self, upload) -> int:
         return int(upload["mask"].sum()) * 4 + 1  # h indices and one sign

@@ -93,9 +93,10 @@ def dlg_attack(model: nn.Module, grads: dict[str, torch.Tensor], shape: tuple[in
     if distance not in ("l2", "cosine"):
         raise ValueError(f"distance must be l2 or cosine, got {distance!r}")
     label = infer_label(grads)
-    y = torch.tensor([label])
+    device = next(iter(grads.values())).device
+    y = torch.tensor([label], device=device)
     g = torch.Generator().manual_seed(seed)
-    dummy = torch.rand(shape, generator=g).requires_grad_(True)
+    dummy = torch.rand(shape, generator=g).to(device).requires_grad_(True)
     params = [p for _, p in model.named_parameters()]
     target = [grads[n] for n, _ in model.named_parameters()]
     opt = torch.optim.LBFGS([dummy], lr=1.0, max_iter=20, history_size=100, line_search_fn="strong_wolfe")

@@ -31,7 +31,7 @@ from fedlib.attacks.membership import (
     yeom_advantage_bound,
 )
 from fedlib.config import Config, get_profile
-from fedlib.privacy.accounting import calibrate_constant_noise, epsilon_of_gaussian_rounds
+from fedlib.privacy.accounting import calibrate_rdp, epsilon_of_gaussian_rounds, rdp_epsilon
 from fedlib.results import atomic_write_bytes, results_dir
 from fedlib.run import Experiment, load_model, run
 
@@ -103,9 +103,10 @@ def base_config(profile: str, seed: int = 0, **changes) -> Config:
 
 
 def noise_for(epsilon: float, config: Config) -> float:
-    """Constant noise multiplier z spending ``epsilon`` (at ``dp_delta``) over the run (RDP)."""
-    return calibrate_constant_noise(epsilon, config.dp_delta, config.rounds, q=config.client_fraction,
-                                    accountant="rdp")
+    """Constant noise multiplier z spending ``epsilon`` (at ``dp_delta``, add/remove one client)
+    over the run, by the accountant the runs use (RDP at integer orders); rounded up to 6 digits."""
+    z = calibrate_rdp(epsilon, config.dp_delta, config.rounds, q=config.client_fraction)
+    return math.ceil(z * 1e6) / 1e6
 
 
 def config_for(profile: str, epsilon: float | None, seed: int = 0, **changes) -> Config:
@@ -114,10 +115,12 @@ def config_for(profile: str, epsilon: float | None, seed: int = 0, **changes) ->
     c = base_config(profile, seed, **changes)
     if epsilon is None:
         return c.replace(dp_clip=1e9, dp_noise_multiplier=0.0, adaptive_clip=False)
-    return c.replace(dp_noise_multiplier=round(noise_for(epsilon, c), 6))
+    return c.replace(dp_noise_multiplier=noise_for(epsilon, c))
 
 
 def true_epsilon(config: Config, accountant: str = "pld") -> float:
+    """The run's epsilon (add/remove one client) by another accountant: ``pld`` is tight for
+    continuous Gaussian noise, ``rdp`` with dp-accounting's default (fractional) orders."""
     z = config.dp_noise_multiplier
     if z <= 0:
         return math.inf
@@ -231,11 +234,24 @@ MIA_EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0)
 
 
 def mia_config(profile: str, epsilon: float | None, seed: int = 0) -> Config:
+    """The audit's federation with noise calibrated so that *replacing* one client's data (and so
+    any one of its records, the change a membership attack tests) costs ``epsilon``."""
     rounds = {"smoke": 2, "quick": 20, "paper": 100}[profile]
     c = base_config(profile, seed).replace(rounds=rounds, **MIA_SETTING)
     if epsilon is None:
         return c.replace(dp_clip=1e9, dp_noise_multiplier=0.0)
-    return c.replace(dp_clip=1.0, dp_noise_multiplier=round(noise_for(epsilon, c), 6))
+    z = 2 * calibrate_rdp(epsilon, c.dp_delta, c.rounds, q=1.0)  # sensitivity 2C under replace-one
+    return c.replace(dp_clip=1.0, dp_noise_multiplier=math.ceil(z * 1e6) / 1e6)
+
+
+def replace_one_epsilon(config: Config) -> float:
+    """Epsilon (at ``dp_delta``) of DP-FedAvg with every client in every round when one client's data
+    are replaced, which covers replacing any one record: the sum of clipped updates then moves by
+    up to ``2C``, so the noise ``z C`` acts as multiplier ``z / 2`` (RDP at integer orders)."""
+    if config.client_fraction < 1:
+        raise ValueError("replace_one_epsilon assumes full participation (client_fraction = 1)")
+    z = config.dp_noise_multiplier
+    return math.inf if z <= 0 else rdp_epsilon([z / 2] * config.rounds, config.dp_delta)
 
 
 @dataclass
@@ -268,7 +284,7 @@ def membership_audit(config: Config) -> AuditRow:
     training images, non-members the same number of held-out test images."""
     result = run(config, progress=False)
     members, nonmembers = audit_losses(config)
-    eps = true_epsilon(config)
+    eps = replace_one_epsilon(config)
     return AuditRow(eps, loss_threshold_attack(members, nonmembers, seed=config.seed),
                     100 * result.final["test_acc"])
 

@@ -35,7 +35,7 @@ GIVEN = {"dataset": "Sec. 5.1", "model": "Sec. 5.1 (McMahan et al.'s CNN)", "cli
 #: MLP: 40+ runs of the CNN with per-round mechanisms over 1.66M dimensions do not fit a CPU.
 SCALES = {
     "smoke": dict(model="mlp", clients=10, train_samples=600, test_samples=300, rounds=2, seeds=1),
-    "quick": dict(model="mlp", clients=100, train_samples=12_000, test_samples=2_000, rounds=20, seeds=1),
+    "quick": dict(model="mlp", clients=100, train_samples=12_000, test_samples=2_000, rounds=20, seeds=3),
     "paper": dict(model="mcmahan_cnn", clients=100, train_samples=0, test_samples=0, rounds=50, seeds=10),
 }
 
@@ -124,7 +124,7 @@ def frame(results: dict) -> pd.DataFrame:
             rows.append({"method": method, "partition": part, "epsilon": eps, "seed": r.config.seed,
                          "acc": 100 * r.final["test_acc"], "loss": r.final["test_loss"],
                          "true_eps_round": last.get("epsilon_round", 0.0),
-                         "true_eps_run": last.get("epsilon_run", 0.0),
+                         "true_eps_run": last.get("epsilon_spent", 0.0),
                          "sent_frac": last.get("sent_frac", 1.0), "kept_frac": last.get("kept_frac", np.nan),
                          "bytes_up": np.mean([h["bytes_up"] for h in r.history]),
                          "bytes_dense": 4 * count_parameters(build_model(r.config.model)) * r.config.clients})

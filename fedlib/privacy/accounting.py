@@ -12,6 +12,14 @@
   Use it for full participation; it needs no discretisation (the PLD accountant's grid
   grows without bound for very large multipliers, e.g. the last rounds of MOON-DPAP eq. 5).
 * :func:`calibrate_constant_noise` - the constant ``z`` that spends a target total epsilon.
+* :func:`rdp_epsilon`, :func:`calibrate_rdp` - RDP at *integer* orders only
+  (:data:`INTEGER_ORDERS`): the accounting of the floating-point-safe (discrete Gaussian) noise
+  that fedlib's mechanisms add, see :mod:`fedlib.privacy.discrete`. At an integer order ``a`` the
+  Renyi divergence of a (Poisson-subsampled) Gaussian is a finite sum of the moments
+  ``E_P[(Q/P)^k] = exp(k (k-1) Delta^2 / (2 sigma^2))``, k = 0..a (Mironov, Talwar, Zhang 2019);
+  for the discrete Gaussian on a lattice, shifted by a lattice vector, those moments are *the
+  same* (sum over the lattice of ``exp(-|y - k Delta|^2 / (2 sigma^2))`` does not depend on the
+  lattice shift ``k Delta``), so the continuous Gaussian's integer-order RDP holds for it exactly.
 """
 
 from __future__ import annotations
@@ -113,6 +121,71 @@ def calibrate_constant_noise(target_epsilon: float, delta: float, rounds: int, q
         make, lambda z: dpa.SelfComposedDpEvent(_event(z, q), rounds),
         target_epsilon=target_epsilon, target_delta=delta,
         bracket_interval=dpa.ExplicitBracketInterval(0.05, 500.0)))
+
+
+# ---- integer-order RDP: the guarantee of the discrete Gaussian ---------------------------------
+#: Integer Renyi orders (see the module docstring); the large ones matter for small epsilon.
+INTEGER_ORDERS: tuple[int, ...] = (*range(2, 129), 160, 192, 256, 384, 512, 768, 1024)
+
+
+@functools.lru_cache(maxsize=1024)
+def rdp_curve(z: float, q: float = 1.0) -> np.ndarray:
+    """RDP of one (Poisson-sampled, rate ``q``) Gaussian release with multiplier ``z`` at
+    :data:`INTEGER_ORDERS` (dp-accounting's computation; ``q = 1``: ``a / (2 z^2)``)."""
+    if z <= 0:
+        return np.full(len(INTEGER_ORDERS), np.inf)
+    if q >= 1:
+        out = np.array(INTEGER_ORDERS, dtype=np.float64) / (2 * z * z)
+    else:
+        acc = rdp.RdpAccountant(orders=list(INTEGER_ORDERS))
+        acc.compose(_event(z, q))
+        out = np.array(acc._rdp, dtype=np.float64)
+    out.flags.writeable = False
+    return out
+
+
+def epsilon_from_rdp(curve: np.ndarray, delta: float) -> float:
+    """The (epsilon, delta) conversion of dp-accounting (Balle et al. 2020) at the integer orders."""
+    return float(rdp.rdp_privacy_accountant.compute_epsilon(list(INTEGER_ORDERS), curve, delta)[0])
+
+
+def rdp_epsilon(noise_multipliers: Sequence[float], delta: float, q: float = 1.0) -> float:
+    """Total epsilon at ``delta`` of one Gaussian release per round (multipliers ``z_t``, Poisson
+    rate ``q``), RDP at integer orders: a guarantee for continuous and discrete Gaussian noise."""
+    zs = list(noise_multipliers)
+    if not zs:
+        return 0.0
+    total = np.zeros(len(INTEGER_ORDERS))
+    for z, n in _runs(zs):
+        total = total + n * rdp_curve(float(z), float(q))
+    return epsilon_from_rdp(total, delta)
+
+
+def _runs(zs: list[float]) -> list[tuple[float, int]]:
+    """Equal values grouped: [(z, count), ...] (the curve of each distinct z is computed once)."""
+    counts: dict[float, int] = {}
+    for z in zs:
+        counts[z] = counts.get(z, 0) + 1
+    return list(counts.items())
+
+
+def calibrate_rdp(target_epsilon: float, delta: float, rounds: int, q: float = 1.0) -> float:
+    """The constant multiplier ``z`` whose ``rounds`` releases spend ``target_epsilon`` by
+    :func:`rdp_epsilon` (bisection in log z; the result errs on the side of more noise)."""
+    if not target_epsilon > 0:
+        raise ValueError(f"target epsilon must be > 0, got {target_epsilon}")
+    lo, hi = 1e-3, 1e5
+    if rdp_epsilon([hi] * rounds, delta, q) > target_epsilon:
+        raise ValueError(f"epsilon {target_epsilon} is out of reach (z > {hi:g})")
+    for _ in range(80):
+        mid = math.sqrt(lo * hi)
+        if rdp_epsilon([mid] * rounds, delta, q) > target_epsilon:
+            lo = mid
+        else:
+            hi = mid
+        if hi / lo < 1 + 1e-7:
+            break
+    return hi
 
 
 # ---- textbook composition theorems, for comparison with the accountants --------------------

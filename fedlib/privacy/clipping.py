@@ -13,13 +13,16 @@ from fedlib.tree import Tree, leaves, tmap
 
 
 def flat_norm(tree: Tree) -> torch.Tensor:
-    """L2 norm of all leaves of ``tree`` taken together."""
-    return torch.sqrt(sum((x.double() ** 2).sum() for x in leaves(tree))).to(torch.float32)
+    """L2 norm of all leaves of ``tree`` taken together (summed in float64, returned in the
+    leaves' dtype)."""
+    xs = leaves(tree)
+    return torch.sqrt(sum((x.double() ** 2).sum() for x in xs)).to(xs[0].dtype)
 
 
-def clip_by_l2(tree: Tree, clip: float) -> tuple[Tree, torch.Tensor]:
-    """Scale ``tree`` so its flat L2 norm is at most ``clip``; also return the original norm."""
-    if not clip > 0:
+def clip_by_l2(tree: Tree, clip: float | torch.Tensor) -> tuple[Tree, torch.Tensor]:
+    """Scale ``tree`` so its flat L2 norm is at most ``clip``; also return the original norm.
+    ``clip`` may be a tensor (one per client under ``vmap``, e.g. in a run batch)."""
+    if not isinstance(clip, torch.Tensor) and not clip > 0:
         raise ValueError(f"clip norm must be > 0, got {clip}")
     norm = flat_norm(tree)
     # exactly 1 unless the norm exceeds C (norm > C > 0, so the division is safe)

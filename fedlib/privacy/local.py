@@ -16,22 +16,32 @@ a *sparse* vector: a boolean ``mask`` of the dimensions it reports and the ``val
 
 The ``*_epsilon`` functions give the privacy each mechanism *actually* spends per client and
 round (epsilon-LDP), by basic composition where several pieces are released.
+
+Floating point. Released *values* that carry noise use the exact discrete Laplace on a grid
+(:func:`discrete_laplace_values`, :mod:`fedlib.privacy.discrete`): pure epsilon, no float leak.
+Released *choices* (which dimensions, which of two values) come from float64 uniforms
+(53-bit): the exponential mechanism's probabilities and LDP-FL's Bernoulli are then off by a
+relative ~1e-15 at most (every weight lies within a factor ``e^epsilon`` of every other, so no
+probability is small enough for that to matter), which adds ~1e-15 to epsilon; uniform subsets
+(SignDS-FL) are drawn exactly from integers.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
+from fedlib.privacy.discrete import discrete_laplace, grid_for
 from fedlib.privacy.noise import laplace_noise_like
 
 
 # ---- the exponential mechanism without replacement ---------------------------------------
 def gumbel(shape: tuple[int, ...], generator: torch.Generator, device=None) -> torch.Tensor:
-    """Standard Gumbel noise (float32: ties have probability ~1e-7 per pair and do not matter)."""
-    u = torch.rand(shape, generator=generator).to(device)
-    return -torch.log(-torch.log(u.clamp(1e-30, 1 - 1e-7)))
+    """Standard Gumbel noise in float64 (53-bit uniforms; ties have probability ~1e-16 per pair)."""
+    u = torch.rand(shape, generator=generator, dtype=torch.float64).to(device)
+    return -torch.log(-torch.log(u.clamp(1e-300, 1 - 2 ** -53)))
 
 
 def gumbel_top_k(log_weights: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
@@ -40,7 +50,7 @@ def gumbel_top_k(log_weights: torch.Tensor, k: int, generator: torch.Generator) 
     ``-inf`` are never drawn while others remain."""
     if not 0 <= k <= log_weights.shape[-1]:
         raise ValueError(f"k must be in [0, {log_weights.shape[-1]}], got {k}")
-    scores = log_weights.float() + gumbel(tuple(log_weights.shape), generator, log_weights.device)
+    scores = log_weights.double() + gumbel(tuple(log_weights.shape), generator, log_weights.device)
     return torch.topk(scores, k, dim=-1).indices
 
 
@@ -84,12 +94,12 @@ def two_point(values: torch.Tensor, center: float, radius: float, epsilon: float
     per coordinate."""
     if not epsilon > 0 or not radius > 0:
         raise ValueError("two_point needs epsilon > 0 and radius > 0")
-    w = values.clamp(center - radius, center + radius)
+    w = values.double().clamp(center - radius, center + radius)
     e = math.exp(epsilon)
     p = ((w - center) * (e - 1) + radius * (e + 1)) / (2 * radius * (e + 1))
-    u = torch.rand(w.shape, generator=generator, dtype=w.dtype).to(w.device)
+    u = torch.rand(w.shape, generator=generator, dtype=torch.float64).to(w.device)
     level = radius * (e + 1) / (e - 1)
-    return torch.where(u < p, center + level, center - level)
+    return torch.where(u < p, center + level, center - level).to(values.dtype)
 
 
 # ---- SignDS-FL: exponential selection of the reported dimensions ---------------------------------
@@ -110,35 +120,49 @@ def signds_nu_log_probs(d: int, k: int, h: int, nu_th: int, epsilon: float) -> t
 
 
 def signds_select(updates: torch.Tensor, k: int, h: int, nu_th: int, epsilon: float,
-                  generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For each client (row): a random sign ``s``; the top-k set of ``s * update``; ``nu`` drawn
     by :func:`signds_nu_log_probs`; ``nu`` dimensions uniform from the top-k set and ``h - nu``
-    uniform from the rest. Returns ``(mask (m, d), signs (m,), nu (m,))``."""
+    uniform from the rest (exact uniform subsets from integer draws). Returns
+    ``(mask (m, d), signs (m,), nu (m,))``."""
     m, d = updates.shape
     dev = updates.device
-    signs = torch.where(torch.rand(m, generator=generator) < 0.5, -1.0, 1.0).to(dev)
-    top = torch.topk(signs[:, None] * updates, k, dim=1).indices
-    in_top = torch.zeros(m, d, dtype=torch.bool, device=dev).scatter(1, top, True)
-    probs = signds_nu_log_probs(d, k, h, nu_th, epsilon).exp()
-    nu = torch.multinomial(probs.cpu().expand(m, -1).float(), 1, generator=generator).squeeze(1).to(dev)
-    # uniform subsets: the items with the largest iid uniform keys form a uniform random subset
-    mask = torch.zeros(m, d, dtype=torch.bool, device=dev)
-    key_top = torch.rand(m, k, generator=generator).to(dev)
-    order_top = torch.topk(key_top, min(h, k), dim=1).indices  # random order of the top-k set
-    take_top = torch.arange(min(h, k), device=dev)[None, :] < nu[:, None]
-    mask.scatter_(1, torch.gather(top, 1, order_top), take_top)
-    key_rest = torch.rand(m, d, generator=generator).to(dev).masked_fill(in_top, -1.0)
-    order_rest = torch.topk(key_rest, h, dim=1).indices
-    take_rest = torch.arange(h, device=dev)[None, :] < (h - nu)[:, None]
-    mask |= torch.zeros(m, d, dtype=torch.bool, device=dev).scatter(1, order_rest, take_rest)
-    return mask, signs, nu
+    signs = torch.from_numpy(np.where(rng.integers(0, 2, size=m) == 0, -1.0, 1.0)).to(dev, updates.dtype)
+    top = torch.topk(signs[:, None] * updates, k, dim=1).indices.cpu().numpy()
+    probs = signds_nu_log_probs(d, k, h, nu_th, epsilon).exp().numpy()
+    nu = rng.choice(h + 1, size=m, p=probs / probs.sum())
+    mask = np.zeros((m, d), dtype=bool)
+    for i in range(m):
+        mask[i, top[i, rng.choice(k, size=min(int(nu[i]), k), replace=False)]] = True
+        # the r-th dimension outside the top-k set, for r uniform without replacement:
+        # r + #{top elements at or below it} (the sorted top set shifted by its ranks)
+        shifted = np.sort(top[i]) - np.arange(k)
+        r = rng.choice(d - k, size=h - int(nu[i]), replace=False)
+        mask[i, r + np.searchsorted(shifted, r, side="right")] = True
+    return torch.from_numpy(mask).to(dev), signs, torch.from_numpy(nu).to(dev)
 
 
 # ---- values ----------------------------------------------------------------------------------
+def discrete_laplace_values(values: torch.Tensor, mask: torch.Tensor, l1_sensitivity: float, epsilon: float,
+                            rng: np.random.Generator) -> tuple[torch.Tensor, float]:
+    """The masked entries of ``values`` (in ``[-1, 1]``) released with discrete Laplace noise on a
+    grid of step 2^-30, floating-point safe; exactly 0 elsewhere. The noise scale is chosen for
+    ``epsilon`` at L1 sensitivity ``l1_sensitivity`` of the released values (the range's end points
+    lie on the grid, so rounding adds nothing to it), rounded up to whole grid steps; returns the
+    release and the epsilon it actually spends (at most ``epsilon``)."""
+    grid = grid_for(1.0)
+    scale_steps = math.ceil(l1_sensitivity / epsilon / grid.step)
+    kept = values[mask].double().clamp(-1.0, 1.0).cpu().numpy()
+    noisy = grid.encode(kept) + discrete_laplace(kept.size, scale_steps, rng)
+    out = torch.zeros_like(values)
+    out[mask] = torch.from_numpy(grid.decode(noisy)).to(values.device, values.dtype)
+    return out, l1_sensitivity / grid.step / scale_steps
+
+
 def laplace_values(values: torch.Tensor, mask: torch.Tensor, scale: float,
                    generator: torch.Generator) -> torch.Tensor:
     """``values + Laplace(0, scale)`` on the masked entries (noise drawn for those only, in
-    row-major order), exactly 0 elsewhere."""
+    row-major order), exactly 0 elsewhere; continuous float64 noise (FDL as published only)."""
     noise = laplace_noise_like(torch.zeros(int(mask.sum())), scale, generator).to(values.device, values.dtype)
     out = torch.zeros_like(values)
     out[mask] = values[mask] + noise

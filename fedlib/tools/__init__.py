@@ -1,0 +1,1 @@
+"""Build and maintenance tooling (not the library): ``fedlib`` itself never imports from here."""

@@ -1,0 +1,157 @@
+"""Every part of fedlib on CUDA (``make test-gpu``, or ``pytest -m gpu``).
+
+These tests select the GPU explicitly and are skipped, with that reason, on a machine without
+one (CI's is CPU-only); the rest of the suite pins the CPU where a test needs it. Tolerances are
+those of tests/test_engine.py: float64 for logic (cuDNN and cuBLAS in double precision round at
+1e-16 like the CPU, so CPU and GPU agree to ``ATOL64``), and for float32 a multiple of the
+reference path's own error against float64, which absorbs TF32 convolutions (cuDNN's default on
+Ampere and later: 10-bit mantissas, ~5e-4 relative).
+"""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from fedlib import Config, run
+from fedlib.algorithms import ALGORITHMS
+from fedlib.run import load_model, run_many
+from fedlib.tree import leaves
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                  reason="needs a CUDA GPU (none on this machine)")]
+
+CUDA = torch.device("cuda")
+SMALL = Config(clients=4, train_samples=320, test_samples=100, rounds=2, min_client_samples=10, lr=0.02,
+               momentum=0.9)
+ATOL64 = 1e-11
+
+#: One configuration per algorithm (with its privacy mechanism on where it has one).
+ALGORITHM_CASES = {
+    "fedavg": {}, "fedprox": {}, "scaffold": {}, "feddyn": {}, "moon": {"dropout": 0.2}, "ditto": {},
+    "moon_dpap": {"cosine_lr": True, "prune": True, "dropout": 0.2, "dp": "central", "dp_epsilon": 4.0},
+    "moon_dpap_local": {"algorithm": "moon_dpap", "dp": "local", "dp_epsilon": 4.0},
+    "dp_fedavg": {"client_fraction": 0.5, "adaptive_clip": True, "dp_noise_multiplier": 0.5,
+                  "clip_count_std": 1.0},
+    "ldp_fl": {"model": "mlp"}, "signds_fl": {"model": "mlp"},
+    "fdl": {"model": "mlp"}, "fdl_corrected": {"algorithm": "fdl", "model": "mlp", "fdl_mode": "corrected"},
+}
+
+
+def _config(case: str, **kw) -> Config:
+    changes = dict(ALGORITHM_CASES[case])
+    return SMALL.replace(algorithm=changes.pop("algorithm", case), **changes, **kw)
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    return max((a[k].double().cpu() - b[k].double().cpu()).abs().max().item() for k in a)
+
+
+def test_cases_cover_every_algorithm():
+    covered = {ALGORITHM_CASES[c].get("algorithm", c) for c in ALGORITHM_CASES}
+    assert covered == set(ALGORITHMS)
+
+
+@pytest.mark.parametrize("case", sorted(ALGORITHM_CASES))
+@pytest.mark.parametrize("engine", ["sequential", "vectorized"])
+def test_every_algorithm_trains_on_cuda(tmp_path, case, engine):
+    r = run(_config(case), engine=engine, device="cuda", root=tmp_path, progress=False)
+    assert r.meta["device"].startswith("cuda") and r.meta["engine"] == engine
+    assert all(math.isfinite(h["test_acc"]) for h in r.history if h["test_acc"] is not None)
+    _, params = load_model(r, tmp_path)
+    assert all(torch.isfinite(p).all() for p in params.values())
+
+
+@pytest.mark.parametrize("case", ["fedavg", "scaffold", "moon", "ditto", "moon_dpap"])
+def test_cuda_vectorized_equals_cpu_sequential_in_float64(tmp_path, case):
+    cfg = _config(case, precision="float64")
+    cpu = run(cfg, engine="sequential", device="cpu", root=tmp_path / "cpu", progress=False)
+    gpu = run(cfg, engine="vectorized", device="cuda", root=tmp_path / "gpu", progress=False)
+    assert _max_diff(load_model(cpu, tmp_path / "cpu")[1], load_model(gpu, tmp_path / "gpu")[1]) < ATOL64
+
+
+def test_cuda_float32_paths_agree_within_the_reference_error(tmp_path):
+    cfg = SMALL.replace(dropout=0.3, client_fraction=0.75, lr=0.01)
+    p64 = load_model(run(cfg.replace(precision="float64"), engine="sequential", device="cuda",
+                         root=tmp_path / "64", progress=False), tmp_path / "64")[1]
+    seq = load_model(run(cfg, engine="sequential", device="cuda", root=tmp_path / "s", progress=False),
+                     tmp_path / "s")[1]
+    vec = load_model(run(cfg, engine="vectorized", device="cuda", root=tmp_path / "v", progress=False),
+                     tmp_path / "v")[1]
+    own = _max_diff(p64, seq)
+    assert _max_diff(p64, vec) <= 4 * own + 1e-7
+
+
+def test_same_seed_same_result_on_one_gpu(tmp_path):
+    cfg = _config("moon_dpap")
+    a = run(cfg, device="cuda", root=tmp_path / "a", progress=False)
+    b = run(cfg, device="cuda", root=tmp_path / "b", progress=False)
+    pa, pb = load_model(a, tmp_path / "a")[1], load_model(b, tmp_path / "b")[1]
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    assert [h["test_acc"] for h in a.history] == [h["test_acc"] for h in b.history]
+
+
+def test_run_batch_on_cuda_equals_each_run_alone(tmp_path):
+    base = _config("scaffold", precision="float64")
+    cfgs = [base, base.replace(seed=1), base.replace(seed=2, lr=0.03)]
+    batch = run_many(cfgs, engine="vectorized", device="cuda", root=tmp_path / "b", progress=False)
+    for c, r in zip(cfgs, batch, strict=True):
+        alone = run(c, engine="sequential", device="cpu", root=tmp_path / "a", progress=False)
+        assert _max_diff(load_model(alone, tmp_path / "a")[1], load_model(r, tmp_path / "b")[1]) < ATOL64
+
+
+def test_client_states_and_server_state_live_on_the_gpu():
+    from fedlib.engine import Executor
+    from fedlib.run import Experiment
+
+    for case in ("scaffold", "ditto", "dp_fedavg", "moon_dpap"):
+        exp = Experiment(_config(case), CUDA)
+        with Executor("vectorized", exp.algo, exp.data.x_train, exp.data.y_train) as ex:
+            exp.round(0, ex)
+        for t in leaves((exp.gparams, exp.server_state, exp.client_states)):
+            assert t.device.type == "cuda", case
+
+
+def test_attacks_on_cuda():
+    import torch.nn.functional as F
+
+    from fedlib.attacks.inversion import DLGNet, dlg_attack, target_gradient
+    from fedlib.attacks.membership import loss_threshold_attack, per_sample_losses
+    from fedlib.data import load
+    from fedlib.models import build_model
+
+    ds = load("mnist", train_samples=64, test_samples=64, seed=0, device=CUDA)
+    model = build_model("cnn").to(CUDA)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for _ in range(5):
+        opt.zero_grad()
+        F.cross_entropy(model(ds.x_train), ds.y_train).backward()
+        opt.step()
+    params = dict(model.named_parameters())
+    res = loss_threshold_attack(per_sample_losses(model, params, ds.x_train, ds.y_train),
+                                per_sample_losses(model, params, ds.x_test, ds.y_test), n_boot=10)
+    assert 0 <= res.auc <= 1
+    net = DLGNet().to(CUDA)
+    x = (ds.x_train[:1] * 0.3081 + 0.1307).clamp(0, 1)
+    g = target_gradient(net, x, ds.y_train[:1])
+    rec = dlg_attack(net, g, tuple(x.shape), x, steps=2)
+    assert rec.image.device.type == "cuda" and np.isfinite(rec.mse)
+
+
+def test_bench_and_cli_on_cuda(tmp_path):
+    env_cmd = [sys.executable, "-m", "fedlib.bench", "--samples", "400", "--clients", "4", "--rounds", "1",
+               "--batch-runs", "1", "2", "--no-scale", "--json", "--device", "cuda"]
+    out = subprocess.run(env_cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["device"].startswith("cuda") and res["vectorized_s"] > 0
+    cli = subprocess.run([sys.executable, "-m", "fedlib", "run", "--clients", "4", "--train-samples", "320",
+                          "--test-samples", "100", "--rounds", "1", "--device", "cuda", "--json",
+                          "--no-progress"], capture_output=True, text=True, timeout=600,
+                         env={**__import__("os").environ, "FEDLIB_RESULTS_DIR": str(tmp_path)})
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    assert json.loads(cli.stdout.strip().splitlines()[-1])["device"].startswith("cuda")
