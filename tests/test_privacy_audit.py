@@ -109,7 +109,7 @@ def _encode(cls, cfg: Config, rows: torch.Tensor, t: int):
 
 
 def ldp_fl_coordinate(mod=ldp_fl, eps=1.0):
-    cfg = Config(algorithm="ldp_fl", clients=2, ldp_epsilon=eps, ldp_clip=0.01)
+    cfg = Config(algorithm="ldp_fl", clients=2, ldp_fl_epsilon_per_coordinate=eps, ldp_clip=0.01)
     a = _encode(mod.LdpFl, cfg, torch.full((N, 1), 0.01), 0)["values"][:, 0].numpy()
     b = _encode(mod.LdpFl, cfg, torch.full((N, 1), -0.01), 1)["values"][:, 0].numpy()
     return a, b, eps, 0.0
@@ -117,7 +117,8 @@ def ldp_fl_coordinate(mod=ldp_fl, eps=1.0):
 
 def signds_selection(mod=signds_fl, eps=2.0, n=50_000):
     cfg = Config(
-        algorithm="signds_fl", clients=2, ldp_epsilon=eps, signds_k=0.1, signds_h=3, signds_threshold=0.6
+        algorithm="signds_fl", clients=2, signds_epsilon_per_round=eps, signds_k=0.1, signds_h=3,
+        signds_threshold=0.6,
     )
     d = 20
     base = torch.zeros(d)
@@ -137,7 +138,7 @@ def fdl_selection(mod=fdl, eps=6.0, n=200_000):
         algorithm="fdl",
         fdl_mode="corrected",
         clients=2,
-        ldp_epsilon=eps,
+        fdl_epsilon_per_round=eps,
         ldp_clip=1.0,
         fdl_r=1.0,
         fdl_k=2,
@@ -154,7 +155,8 @@ def fdl_selection(mod=fdl, eps=6.0, n=200_000):
 
 def fdl_values(mod=fdl, eps=4.0):
     cfg = Config(
-        algorithm="fdl", fdl_mode="corrected", clients=2, ldp_epsilon=eps, ldp_clip=1.0, fdl_k=1, model="mlp"
+        algorithm="fdl", fdl_mode="corrected", clients=2, fdl_epsilon_per_round=eps, ldp_clip=1.0, fdl_k=1,
+        model="mlp",
     )
     a = _encode(mod.Fdl, cfg, torch.ones(N, 1), 0)["values"][:, 0].numpy()
     b = _encode(mod.Fdl, cfg, -torch.ones(N, 1), 1)["values"][:, 0].numpy()
@@ -195,14 +197,14 @@ MUTATIONS = {
     "ldp_fl: twice the budget": (
         "ldp_fl_coordinate",
         ldp_fl,
-        "c.ldp_epsilon, generator_for(*seed)",
-        "2 * c.ldp_epsilon, generator_for(*seed)",
+        "c.ldp_fl_epsilon_per_coordinate, generator_for(*seed)",
+        "2 * c.ldp_fl_epsilon_per_coordinate, generator_for(*seed)",
     ),
     "signds_fl: twice the budget": (
         "signds_selection",
         signds_fl,
-        "c.ldp_epsilon, rng_for(*seed)",
-        "2 * c.ldp_epsilon, rng_for(*seed)",
+        "c.signds_epsilon_per_round, rng_for(*seed)",
+        "2 * c.signds_epsilon_per_round, rng_for(*seed)",
     ),
     "fdl: the selection budget spent k times": (
         "fdl_selection",

@@ -89,10 +89,17 @@ class Algorithm:
     name: ClassVar[str] = "base"
     #: Whether the model needs MOON's projection head.
     uses_projection_head: ClassVar[bool] = False
+    #: The algorithm-specific config fields this algorithm reads (each marked with it as owner).
+    fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: Config, model: nn.Module):
         self.config = config
         self.model = model
+
+    @classmethod
+    def check(cls, config: Config) -> list[str]:
+        """Problems with this algorithm's own fields (run by ``Config.validate``)."""
+        return []
 
     # ---- per-round hyperparameters (host side) -------------------------------------
     def hyper(self, t: int) -> dict[str, float]:
@@ -209,10 +216,10 @@ class Algorithm:
         parts = (int(self.config.key(), 16), int(stream), t)
         return parts if client is None else (*parts, client)
 
-    def extra_metrics(self, experiment, final: bool) -> dict[str, float]:
-        """Metrics beyond the global model's test accuracy and loss (e.g. personalisation);
-        ``final`` is true at the last round."""
-        return {}
+    def personal_models(self, client_states: Tree) -> Tree | None:
+        """Each client's own model (stacked over clients) for personalised algorithms, else None;
+        the run reports their personalised accuracy at the last round."""
+        return None
 
     # ---- server -----------------------------------------------------------------------
     def server_update(self, gparams: Params, server_state: Tree, uploads: Tree,

@@ -24,6 +24,18 @@ from fedlib.tree import Tree, tmap
 class Moon(Algorithm):
     name = "moon"
     uses_projection_head = True
+    fields = ("moon_mu", "moon_tau", "projection_dim")
+
+    @classmethod
+    def check(cls, config) -> list[str]:
+        errs = []
+        if config.moon_mu < 0:
+            errs.append(f"moon_mu must be >= 0, got {config.moon_mu}")
+        if not config.moon_tau > 0:
+            errs.append(f"moon_tau must be > 0, got {config.moon_tau}")
+        if config.projection_dim < 0:
+            errs.append(f"projection_dim must be >= 0, got {config.projection_dim}")
+        return errs
 
     def hyper(self, t: int) -> dict[str, float]:
         return {**super().hyper(t), "mu": self.config.moon_mu, "tau": self.config.moon_tau}

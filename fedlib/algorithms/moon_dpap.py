@@ -19,9 +19,9 @@
     paper's wording suggests (:func:`fedlib.privacy.central.noisy_each`);
   - ``z_t`` is the *analytic* Gaussian multiplier (Balle & Wang 2018) for the round's
     epsilon: the paper's eq. 4 (classic formula) is valid only for epsilon < 1;
-  - schedule ``paper``: ``epsilon(t) = epsilon_0 (1 - t/T)`` (eq. 5) with t = 0..T-1 and
-    the stated floor; schedule ``constant``: one ``z`` calibrated so the whole run spends
-    ``dp_epsilon`` in total;
+  - schedule ``paper``: ``epsilon(t) = epsilon_0 (1 - t/T)`` (eq. 5, ``dp_epsilon_per_round`` is
+    epsilon_0) with t = 0..T-1 and the stated floor; schedule ``constant``: one ``z`` calibrated so
+    the whole run spends ``dp_epsilon_total``;
   - the noise is floating-point safe (discrete Gaussian on a grid, :mod:`fedlib.privacy.discrete`)
     and keyed on the whole configuration, so runs that differ in any setting draw independent
     noise; the run's accountant composes the T releases by RDP at integer orders, which holds
@@ -38,7 +38,7 @@ import torch
 from fedlib import pruning, schedules
 from fedlib.algorithms.base import Params, RoundContext
 from fedlib.algorithms.moon import Moon
-from fedlib.config import Config, ConfigError
+from fedlib.config import Config
 from fedlib.privacy.accounting import calibrate_rdp, gaussian_sigma, rdp_epsilon
 from fedlib.privacy.central import noisy_each, noisy_sum
 from fedlib.privacy.clipping import clip_by_l2
@@ -53,8 +53,9 @@ def noise_multipliers(config: Config) -> list[float]:
     if c.dp == "none":
         return []
     if c.dp_schedule == "constant":
-        return [calibrate_rdp(c.dp_epsilon, c.dp_delta, total)] * total
-    return [gaussian_sigma(schedules.epsilon_schedule(t, total, c.dp_epsilon, c.dp_eps_floor), c.dp_delta)
+        return [calibrate_rdp(c.dp_epsilon_total, c.dp_delta, total)] * total
+    eps0 = c.dp_epsilon_per_round
+    return [gaussian_sigma(schedules.epsilon_schedule(t, total, eps0, c.dp_eps_floor), c.dp_delta)
             for t in range(total)]
 
 
@@ -66,12 +67,45 @@ def total_epsilon(zs: list[float], delta: float) -> float:
 
 class MoonDpap(Moon):
     name = "moon_dpap"
+    fields = (*Moon.fields, "cosine_lr", "lr_min", "tau_min", "mu_max", "schedule_ramp", "prune",
+              "prune_t_min",
+              "prune_t_max", "dp", "dp_epsilon_per_round", "dp_epsilon_total", "dp_schedule", "dp_eps_floor",
+              "dp_clip", "dp_delta", "secure_noise")
+
+    @classmethod
+    def check(cls, config: Config) -> list[str]:
+        c, errs = config, super().check(config)
+        if not c.tau_min > 0:
+            errs.append(f"tau_min must be > 0, got {c.tau_min}")
+        if c.mu_max < 0:
+            errs.append(f"mu_max must be >= 0, got {c.mu_max}")
+        if not 0 < c.schedule_ramp <= 1:
+            errs.append(f"schedule_ramp must be in (0, 1], got {c.schedule_ramp}")
+        if not 0 <= c.lr_min <= c.lr:
+            errs.append(f"lr_min must be in [0, lr = {c.lr}], got {c.lr_min}")
+        if not 0 <= c.prune_t_min <= c.prune_t_max:
+            errs.append("pruning thresholds need 0 <= prune_t_min <= prune_t_max")
+        if c.dp not in ("none", "central", "local"):
+            errs.append(f"dp must be none, central or local, got {c.dp!r}")
+        elif c.dp != "none":
+            if not c.dp_clip > 0:
+                errs.append(f"dp_clip must be > 0, got {c.dp_clip}")
+            if not 0 < c.dp_delta < 1:
+                errs.append(f"dp_delta must be in (0, 1), got {c.dp_delta}")
+            if c.dp_schedule not in ("paper", "constant"):
+                errs.append(f"dp_schedule must be paper or constant, got {c.dp_schedule!r}")
+            budget = "dp_epsilon_total" if c.dp_schedule == "constant" else "dp_epsilon_per_round"
+            if not getattr(c, budget) > 0:
+                errs.append(f"{budget} must be > 0, got {getattr(c, budget)}")
+            if c.dp_eps_floor < 0:
+                errs.append(f"dp_eps_floor must be >= 0, got {c.dp_eps_floor}")
+            if c.client_fraction < 1:
+                errs.append("MOON-DPAP's DP assumes every client in every round (client_fraction = 1), as "
+                            "in the paper: the number of clients is the public denominator")
+        return errs
 
     def __init__(self, config: Config, model):
         super().__init__(config, model)
-        if config.dp != "none" and config.client_fraction < 1:
-            raise ConfigError("MOON-DPAP's DP accounting assumes every client in every round "
-                              "(client_fraction = 1), as in the paper")
         self.z = noise_multipliers(config)
         total = config.rounds
         self.tau_slope = schedules.ramp_slope(config.moon_tau, config.tau_min, total, config.schedule_ramp)
