@@ -16,7 +16,6 @@ help:
 	@echo "make test-gpu - the tests that exercise CUDA (skipped without a GPU)"
 	@echo "make bench  - engine benchmark (saved under data/bench/)"
 	@echo "make paper  - one slice of the paper-scale campaign (a GPU; BUDGET_MIN=25)"
-	@echo "make paper  - one slice of the paper-scale campaign (a GPU; BUDGET_MIN=25)"
 
 # ---- environment: a venv with the pinned requirements --------------------------------
 $(STAMP): requirements.txt pyproject.toml
@@ -58,11 +57,6 @@ test-full: $(DATA_STAMP)
 
 test-gpu: $(DATA_STAMP)
 	$(PY) -m pytest -m gpu -v -rs
-
-# One slice of the paper-scale campaign (meant for a GPU): trains what the pages still miss.
-paper: $(DATA_STAMP)
-	$(PY) -m fedlib.tools.campaign plan --profile paper
-	$(PY) -m fedlib.tools.campaign run --profile paper --budget-min $(or $(BUDGET_MIN),25)
 
 # One slice of the paper-scale campaign (meant for a GPU): trains what the pages still miss.
 paper: $(DATA_STAMP)

@@ -119,8 +119,9 @@ class Config:
     prune_t_min: float = _param(0.0, "MOON-DPAP eq. 7: pruning threshold T_min at round 0", "moon_dpap")
     prune_t_max: float = _param(0.01,
                                 "MOON-DPAP eq. 7: pruning threshold T_max at the last round", "moon_dpap")
-    dp: str = _param("none", "MOON-DPAP client-level DP: none, central (the server adds noise to the sum) or "
-                     "local (each client adds noise)", "moon_dpap")
+    dp: str = _param("none", "MOON-DPAP DP: none; client-level central (the server adds noise to the sum) or "
+                     "local (each client adds noise); or record (record-level DP-SGD in each client)",
+                     "moon_dpap")
     dp_epsilon_per_round: float = _param(1.0,
                                          "MOON-DPAP schedule 'paper': epsilon_0 of eq. 5, the epsilon of "
                                          "round 0 (round t gets epsilon_0 (1 - t/T))", "moon_dpap")
@@ -133,8 +134,9 @@ class Config:
                                  "MOON-DPAP schedule 'paper': lower bound on epsilon(t), as a fraction of "
                                  "epsilon_0", "moon_dpap")
     # ---- shared by the central-DP algorithms ----------------------------------------------
-    dp_clip: float = _param(0.5, "L2 clip norm C of each client's model update (DP-FedAvg: the initial C "
-                            "under adaptive clipping)", "moon_dpap,dp_fedavg")
+    dp_clip: float = _param(0.5, "L2 clip norm C of each client's model update (dp = record: of each "
+                            "per-sample gradient; DP-FedAvg: the initial C under adaptive clipping)",
+                            "moon_dpap,dp_fedavg")
     dp_delta: float = _param(1e-5, "delta of the run's (epsilon, delta) guarantee (MOON-DPAP's eq. 5 also "
                              "calibrates each round at it)", "moon_dpap,dp_fedavg")
     secure_noise: bool = _param(True, "floating-point-safe privacy noise: values on a power-of-two grid, "

@@ -8,6 +8,7 @@ result atomically.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -23,7 +24,7 @@ from tqdm import tqdm
 from fedlib import data as data_mod
 from fedlib.algorithms import ALGORITHMS, Algorithm, RoundContext
 from fedlib.config import Config
-from fedlib.engine import PATHS, Executor, Work, check_path, default_path, make_plan
+from fedlib.engine import PATHS, Executor, Work, check_path, default_path, make_plan, make_poisson_plan
 from fedlib.models import build_model
 from fedlib.partition import partition
 from fedlib.privacy.guarantee import Accountant, is_released
@@ -36,6 +37,7 @@ from fedlib.results import (
     result_path,
     results_dir,
 )
+from fedlib.streams import Stream
 from fedlib.tree import stack, tmap
 
 
@@ -105,6 +107,7 @@ class Experiment:
         self.client_states = stack([self.algo.init_client_state(self.gparams)
                                     for _ in range(config.clients)])
         self.sizes = torch.tensor([len(p) for p in self.parts], dtype=torch.float32, device=device)
+        self.algo.bind_clients([len(p) for p in self.parts])
         self.guarantee = self.algo.guarantee()
         self.accountant = Accountant(self.guarantee.delta) if self.guarantee else None
 
@@ -129,10 +132,18 @@ class Experiment:
         ctx = RoundContext(t, self.gparams, algo.hyper(t), algo.broadcast(self.server_state))
         if not selected:
             return selected, Work(None, None, ctx)  # type: ignore[arg-type]
-        plan = make_plan([self.parts[i] for i in selected], selected, batch_size=c.batch_size,
-                         epochs=c.local_epochs, seed=c.seed, round_=t, device=self.device,
-                         dropout=c.dropout if algo.uses_dropout() else 0.0,
-                         repr_dim=getattr(self.model, "repr_dim", 0))
+        parts = [self.parts[i] for i in selected]
+        common = {"batch_size": c.batch_size, "epochs": c.local_epochs, "seed": c.seed, "round_": t,
+                  "device": self.device, "dropout": c.dropout if algo.uses_dropout() else 0.0,
+                  "repr_dim": getattr(self.model, "repr_dim", 0)}
+        if algo.poisson_records():
+            keys = [algo.noise_seed(Stream.RECORD_SAMPLING, t, cid) for cid in selected]
+            plan = make_poisson_plan(parts, selected, keys, **common)
+        else:
+            plan = make_plan(parts, selected, **common)
+        noise = algo.step_noise(t, self.gparams)
+        if noise is not None:
+            plan = dataclasses.replace(plan, noise=noise)
         sel = torch.tensor(selected, device=self.device, dtype=torch.long)
         return selected, Work(plan.offset(offset), tmap(lambda s: s[sel], self.client_states), ctx)
 
@@ -262,7 +273,8 @@ class _Trainee:
             meta["privacy"] = {**exp.guarantee.to_dict(),
                                "statement": exp.guarantee.describe(self.history[-1].get("epsilon_spent")),
                                "released_metrics": [k for k in metrics if is_released(k)],
-                               "diagnostic_metrics": [k for k in metrics if not is_released(k)]}
+                               "diagnostic_metrics": [k for k in metrics if not is_released(k)],
+                               **exp.algo.privacy_details()}
         result = Result(config, self.history, meta)
         atomic_torch_save(tmap(lambda p: p.cpu(), exp.gparams), model_path(config, root))
         result.save(self.out)

@@ -246,6 +246,50 @@ def in_range(
     return Finding(claim, ours, Verdict.INCONCLUSIVE, "the 95 % interval overlaps the claimed range's edge")
 
 
+#: The largest total epsilon we call a meaningful guarantee: Ponomareva et al. (JAIR 2023, "How
+#: to DP-fy ML") put epsilon <= 10 in the tier that still offers some protection and call larger
+#: values little or none.
+MEANINGFUL_EPSILON = 10.0
+
+
+def reachable(
+    claim: str,
+    target: float,
+    by_epsilon: Mapping[float, Sequence[float]],
+    profile: str,
+    tolerance: float,
+    max_epsilon: float = MEANINGFUL_EPSILON,
+    unit: str = " %",
+) -> Finding:
+    """A level (``target``, e.g. an accuracy) claimed under DP, tested along a frontier (values per
+    seed at each total epsilon): reproduced when at some epsilon <= ``max_epsilon`` our 95 % interval
+    lies above ``target - tolerance``; not reproduced when at every such epsilon it lies below;
+    else inconclusive. A level needs the paper's setting: other profiles are inconclusive."""
+    grid = sorted(e for e in by_epsilon if e <= max_epsilon)
+    if not grid:
+        raise ValueError(f"the frontier has no epsilon <= {max_epsilon:g}")
+    cis = {e: mean_ci(by_epsilon[e]) for e in grid}
+    best = max(grid, key=lambda e: cis[e][0])
+    ours = (f"best at epsilon <= {max_epsilon:g}: {_interval(*cis[best], unit)} at epsilon = {best:g} "
+            f"({len(by_epsilon[best])} seed(s)); level {target:g}{unit} ± {tolerance:g}")
+    if profile == "smoke":
+        return not_evaluated(claim, ours)
+    if profile != "paper":
+        return Finding(claim, ours, Verdict.INCONCLUSIVE,
+                       f"the {profile} profile reduces data and rounds: an accuracy level needs the "
+                       "paper profile")
+    if any(len(by_epsilon[e]) < 2 for e in grid):
+        return Finding(claim, ours, Verdict.INCONCLUSIVE, "one seed: no interval")
+    reached = [e for e in grid if cis[e][1] >= target - tolerance]
+    if reached:
+        return Finding(claim, ours, Verdict.REPRODUCED,
+                       f"reached at epsilon = {min(reached):g} (95 % interval above {target - tolerance:g})")
+    if all(cis[e][2] < target - tolerance for e in grid):
+        return Finding(claim, ours, Verdict.NOT_REPRODUCED,
+                       f"below {target - tolerance:g} at every epsilon <= {max_epsilon:g}")
+    return Finding(claim, ours, Verdict.INCONCLUSIVE, "the 95 % interval overlaps the tolerance band")
+
+
 def peak(claim: str, at: Hashable, by_seed: Mapping, profile: str) -> Finding:
     """The claimed value ``at`` gives the highest result: its paired differences to every other
     value must all be above 0 (reproduced); another value significantly ahead of it: not

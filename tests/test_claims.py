@@ -166,6 +166,18 @@ def test_moon_dpap_fig1_rules():
     assert all(x.verdict in (V.NOT_EVALUATED, V.SANITY) for x in smoke)
 
 
+#: Frontiers of the two readings of Fig. 2's DP: client-level at chance up to epsilon 10,
+#: record-level near the paper's level from epsilon 3 on.
+READINGS = {
+    ("client", 1.0): [10.0, 10.1, 9.9],
+    ("client", 10.0): [10.2, 10.0, 10.1],
+    ("client", 1000.0): [70, 71, 70.5],
+    ("record", 1.0): [60.0, 61.0, 60.5],
+    ("record", 3.0): [76.5, 77.0, 76.8],
+    ("record", 10.0): [78, 78.5, 78.2],
+}
+
+
 def test_moon_dpap_fig2_states_a_collapse_as_a_finding():
     from studies.moon_dpap import claims as mc
 
@@ -174,6 +186,7 @@ def test_moon_dpap_fig2_states_a_collapse_as_a_finding():
             "moon_dpap": [75, 76, 75.5],
             "moon_dpap (DP, eq. 5 schedule)": [10.1, 9.9, 10.0],
             "moon_dpap (DP, constant noise)": [10.0, 10.2, 9.8],
+            **READINGS,
         }
     )
     first = mc.fig2(runs, "quick", 3.3, 9.0, 500.0)[0]
@@ -183,9 +196,47 @@ def test_moon_dpap_fig2_states_a_collapse_as_a_finding():
             "moon_dpap": [75, 76, 75.5],
             "moon_dpap (DP, eq. 5 schedule)": [70, 71, 70.5],
             "moon_dpap (DP, constant noise)": [70, 71, 70.5],
+            **READINGS,
         }
     )
     assert mc.fig2(healthy, "quick", 3.3, 9.0, 500.0)[0].verdict is V.INCONCLUSIVE
+    at_paper = {f.claim: f for f in mc.fig2(healthy, "paper", 3.3, 9.0, 500.0)}
+    client = next(f for k, f in at_paper.items() if k.endswith("client-level"))
+    record = next(f for k, f in at_paper.items() if k.endswith("record-level"))
+    assert client.verdict is V.NOT_REPRODUCED and record.verdict is V.REPRODUCED
+    assert "epsilon = 3" in record.reason  # the first epsilon that reaches the level
+
+
+@pytest.mark.parametrize(
+    "frontier,expected",
+    [
+        ({1.0: [60, 61, 60.5], 10.0: [79, 79.5, 79.2]}, V.REPRODUCED),  # interval above 77 - 2 at eps 10
+        ({1.0: [60, 61, 60.5], 10.0: [70, 71, 70.5]}, V.NOT_REPRODUCED),  # below 75 everywhere <= 10
+        ({1.0: [60, 61, 60.5], 10.0: [72, 78, 75]}, V.INCONCLUSIVE),  # straddles 75
+        ({1.0: [60, 61, 60.5], 100.0: [90, 90, 90]}, V.NOT_REPRODUCED),  # reached only beyond eps 10
+        ({1.0: [80], 10.0: [80]}, V.INCONCLUSIVE),  # one seed
+    ],
+)
+def test_reachable_on_both_sides_of_the_threshold(frontier, expected):
+    assert c.reachable("x", 77.0, frontier, "paper", 2.0).verdict is expected
+
+
+def test_reachable_elsewhere_and_without_a_grid():
+    f = {1.0: [80, 80.5, 80.2]}
+    assert c.reachable("x", 77.0, f, "quick", 2.0).verdict is V.INCONCLUSIVE
+    assert c.reachable("x", 77.0, f, "smoke", 2.0).verdict is V.NOT_EVALUATED
+    with pytest.raises(ValueError):
+        c.reachable("x", 77.0, {100.0: [80, 80, 80]}, "paper", 2.0)
+
+
+def test_frontier_table_and_the_epsilon_of_a_level():
+    from studies.moon_dpap import pages
+
+    table = pd.DataFrame({"reading": ["record"] * 3, "epsilon": [1.0, 10.0, 100.0],
+                          "acc_mean": [60.0, 70.0, 80.0]})
+    assert pages.epsilon_at(table, "record", 75.0) == pytest.approx(np.sqrt(10 * 100))  # halfway in log
+    assert pages.epsilon_at(table, "record", 50.0) == 1.0
+    assert pages.epsilon_at(table, "record", 85.0) is None
 
 
 def test_dpfl_claim_rules():

@@ -31,6 +31,7 @@ from torch.func import functional_call, grad_and_value
 
 from fedlib.config import Config
 from fedlib.privacy.guarantee import GaussianEvent, Guarantee, PureEvent
+from fedlib.privacy.noise import StepNoise
 from fedlib.streams import Stream
 from fedlib.tree import Tree, numel, tmap
 
@@ -118,6 +119,19 @@ class Algorithm:
         """What clients receive besides the global model (e.g. SCAFFOLD's control variate)."""
         return {}
 
+    def bind_clients(self, sizes: list[int]) -> None:
+        """Called once by the run, before training, with each client's number of training
+        samples (record-level DP calibrates its noise from them). Nothing here."""
+
+    def poisson_records(self) -> bool:
+        """Whether clients draw their minibatches by Poisson sampling of their records (record-level
+        DP-SGD, :func:`fedlib.engine.make_poisson_plan`) instead of shuffled epochs."""
+        return False
+
+    def step_noise(self, t: int, like: Params) -> StepNoise | None:
+        """The noise of every local step in round ``t`` (record-level DP-SGD), or None."""
+        return None
+
     def sample_clients(self, t: int) -> list[int]:
         """Clients of round ``t`` (default: a fixed-size sample, see ``client_fraction``)."""
         return sample_clients(self.config, t)
@@ -204,6 +218,10 @@ class Algorithm:
     def guarantee(self) -> Guarantee | None:
         """The privacy statement this run makes (None: no privacy mechanism)."""
         return None
+
+    def privacy_details(self) -> dict[str, Any]:
+        """What a result records about its calibration besides the guarantee (JSON-able)."""
+        return {}
 
     def privacy_event(self, ctx: RoundContext) -> GaussianEvent | PureEvent | None:
         """What round ``ctx.t`` spent, for the run's accountant (see :mod:`fedlib.privacy.guarantee`)."""

@@ -43,12 +43,20 @@ class Moon(Algorithm):
     def init_client_state(self, gparams: Params) -> Tree:
         return {"prev": tmap(torch.clone, gparams)}
 
+    def frozen_reprs(self, batch, cstate: Tree, ctx: RoundContext) -> dict[str, torch.Tensor]:
+        """The representations of the batch under the frozen global and previous models (the
+        positive and negative pairs), without dropout and without gradient."""
+        plain = {"x": batch["x"]}
+        return {"z_glob": self.forward(ctx.gparams, plain, return_repr=True)[1].detach(),
+                "z_prev": self.forward(cstate["prev"], plain, return_repr=True)[1].detach()}
+
     def loss(self, params: Params, batch, sstate: Tree, cstate: Tree, ctx: RoundContext):
+        """Eq. 3-4 on ``batch``; the frozen representations are computed here unless the batch
+        carries them (DP-SGD computes them once per batch, not once per sample)."""
         logits, z = self.forward(params, batch, return_repr=True)
         ce = F.cross_entropy(logits, batch["y"], reduction="none")
-        plain = {"x": batch["x"]}  # the frozen models run without dropout
-        z_glob = self.forward(ctx.gparams, plain, return_repr=True)[1].detach()
-        z_prev = self.forward(cstate["prev"], plain, return_repr=True)[1].detach()
+        frozen = batch if "z_glob" in batch else self.frozen_reprs(batch, cstate, ctx)
+        z_glob, z_prev = frozen["z_glob"], frozen["z_prev"]
         tau = ctx.hyper["tau"]
         pos = F.cosine_similarity(z, z_glob, dim=-1) / tau
         neg = F.cosine_similarity(z, z_prev, dim=-1) / tau

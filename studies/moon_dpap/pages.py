@@ -34,7 +34,8 @@ def fig2_schedule(profile: str, eps0: float = 1.0, clip: float = 0.5) -> tuple[C
 
 
 def fig2(profile: str, n_seeds: int | None = None, eps0: float = 1.0, clip: float = 0.5) -> ConfigSet:
-    """Without DP; with the eq. 5 schedule at ``eps0``; with constant noise spending the same total."""
+    """Without DP; with the eq. 5 schedule at ``eps0``; with constant noise spending the same
+    total; and the two readings of the paper's DP (:func:`readings`)."""
     seeds = _seeds(profile, n_seeds)
     dp = {**FIG2_DP, "dp_clip": clip}
     _, _, eps_total = fig2_schedule(profile, eps0, clip)
@@ -49,6 +50,7 @@ def fig2(profile: str, n_seeds: int | None = None, eps0: float = 1.0, clip: floa
             )
             for s in seeds
         ],
+        **readings(profile, n_seeds),
     }
 
 
@@ -67,30 +69,100 @@ def table2(profile: str, n_seeds: int | None = None) -> ConfigSet:
     }
 
 
-FRONTIER_EPSILONS = (1.0, 10.0, 100.0, 1000.0)
+#: Total epsilons of the two frontiers (delta 1e-5). The client-level grid reaches further: it
+#: needs epsilon in the hundreds before accuracy returns.
+FRONTIER_EPSILONS = (1.0, 3.0, 10.0, 30.0, 100.0, 1000.0)
+RECORD_EPSILONS = (1.0, 3.0, 10.0, 30.0, 100.0)
 FRONTIER_CLIPS = (0.1, 0.5, 2.0)
+#: The two readings of "noise in the gradient update process" (our choices of C: the paper gives
+#: none). Client-level: each client's update clipped to 0.5, noise at the server, replace one
+#: client. Record-level: DP-SGD in each client, per-sample gradients clipped to 1.0 (the usual
+#: DP-SGD default, e.g. Opacus' examples), add/remove one record.
+CLIENT_DP = dict(dp="central", dp_delta=1e-5, dp_schedule="constant", dp_clip=0.5)
+RECORD_DP = dict(dp="record", dp_delta=1e-5, dp_schedule="constant", dp_clip=1.0)
+READINGS = {
+    "client": "client-level: a client's whole data (replace one client), noise at the server",
+    "record": "record-level: one training example (add/remove), DP-SGD in each client",
+}
+
+
+def readings(profile: str, n_seeds: int | None = None, epsilons=FRONTIER_EPSILONS,
+             record_epsilons=RECORD_EPSILONS) -> ConfigSet:
+    """The accuracy-epsilon frontier of each reading: constant noise calibrated to each total
+    epsilon. Labels: ``"no DP"``, ``("client", eps)``, ``("record", eps)``."""
+    seeds = _seeds(profile, n_seeds)
+    out: ConfigSet = {"no DP": [config_for("moon_dpap", profile, s) for s in seeds]}
+    for reading, dp, grid in (("client", CLIENT_DP, epsilons), ("record", RECORD_DP, record_epsilons)):
+        for e in grid:
+            out[(reading, e)] = [config_for("moon_dpap", profile, s, **dp, dp_epsilon_total=e) for s in seeds]
+    return out
 
 
 def frontier(
     profile: str,
     n_seeds: int | None = None,
     epsilons=FRONTIER_EPSILONS,
+    record_epsilons=RECORD_EPSILONS,
     clips=FRONTIER_CLIPS,
     clip_epsilon: float = 100.0,
 ) -> ConfigSet:
-    """Constant noise calibrated to each total epsilon (C = 0.5), and the clip norm at one epsilon."""
+    """Both readings' frontiers, and client-level DP's clip norm at one epsilon (labels
+    ``("client", eps, C)``)."""
     seeds = _seeds(profile, n_seeds)
-    dp = dict(dp="central", dp_delta=1e-5, dp_schedule="constant")
-    out = {"no DP": [config_for("moon_dpap", profile, s) for s in seeds]}
-    for e in epsilons:
-        out[f"eps={e:g}, C=0.5"] = [
-            config_for("moon_dpap", profile, s, dp_epsilon_total=e, dp_clip=0.5, **dp) for s in seeds
-        ]
+    out = readings(profile, n_seeds, epsilons, record_epsilons)
     for c in clips:
-        out[f"eps={clip_epsilon:g}, C={c:g}"] = [
-            config_for("moon_dpap", profile, s, dp_epsilon_total=clip_epsilon, dp_clip=c, **dp) for s in seeds
+        dp = {**CLIENT_DP, "dp_clip": c}
+        out[("client", clip_epsilon, c)] = [
+            config_for("moon_dpap", profile, s, **dp, dp_epsilon_total=clip_epsilon) for s in seeds
         ]
     return out
+
+
+def frontier_table(runs: Runs) -> pd.DataFrame:
+    """One row per (reading, epsilon) of the frontiers in ``runs``: accuracy over seeds and the
+    accounting each result recorded (the noise multiplier, the sampling rate and the number of
+    noisy releases a protected unit takes part in over the run, the epsilon spent)."""
+    rows = []
+    for label, rs in runs.results.items():
+        if not (isinstance(label, tuple) and len(label) == 2):
+            continue
+        reading, eps = label
+        acc = [100 * r.final["test_acc"] for r in rs]
+        first = rs[0]
+        privacy = first.meta.get("privacy", {})
+        if reading == "record":
+            q, releases = privacy.get("sampling_rate", float("nan")), first.config.rounds * privacy.get(
+                "steps_per_round", 0)
+        else:
+            q, releases = 1.0, first.config.rounds
+        rows.append({
+            "reading": reading,
+            "epsilon": eps,
+            "epsilon spent": first.history[-1].get("epsilon_spent", float("nan")),
+            "noise multiplier": first.history[0].get("noise_multiplier", float("nan")),
+            "sampling rate": q,
+            "noisy releases": releases,
+            "clip C": first.config.dp_clip,
+            "acc_mean": float(np.mean(acc)),
+            "acc_std": float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0,
+            "seeds": len(acc),
+        })
+    return pd.DataFrame(rows).sort_values(["reading", "epsilon"]).reset_index(drop=True)
+
+
+def epsilon_at(table: pd.DataFrame, reading: str, accuracy_pct: float) -> float | None:
+    """The total epsilon at which ``reading``'s mean accuracy first reaches ``accuracy_pct``,
+    interpolated linearly in log epsilon between the grid points around the crossing; None when
+    the grid never reaches it (reached at the first point: that point's epsilon)."""
+    t = table[table["reading"] == reading].sort_values("epsilon")
+    eps, acc = t["epsilon"].to_numpy(float), t["acc_mean"].to_numpy(float)
+    for i in range(len(eps)):
+        if acc[i] >= accuracy_pct:
+            if i == 0:
+                return float(eps[0])
+            f = (accuracy_pct - acc[i - 1]) / (acc[i] - acc[i - 1])
+            return float(np.exp(np.log(eps[i - 1]) + f * (np.log(eps[i]) - np.log(eps[i - 1]))))
+    return None
 
 
 ALPHAS = (0.1, 0.5, 5.0)
@@ -151,3 +223,21 @@ def failed_runs(runs: Runs, chance_pct: float = 10.0, margin: float = 3.0) -> pd
                     }
                 )
     return pd.DataFrame(rows, columns=["run", "seed", "final accuracy (%)", "final loss", "what"])
+
+
+def plot_readings(ax, table: pd.DataFrame, no_dp_pct: float, level_pct: float, chance_pct: float = 10.0):
+    """The two frontiers (mean ± one std over seeds) on a log-epsilon axis, with the non-private
+    accuracy, the paper's level under DP and chance as horizontal lines."""
+    styles = {"client": dict(color="C3", marker="o", label="client-level (replace one client)"),
+              "record": dict(color="C0", marker="s", label="record-level DP-SGD (add/remove one record)")}
+    for reading, style in styles.items():
+        t = table[table["reading"] == reading]
+        if len(t):
+            ax.errorbar(t["epsilon"], t["acc_mean"], yerr=t["acc_std"], capsize=3, **style)
+    ax.axhline(no_dp_pct, color="k", ls="--", label="no DP")
+    ax.axhline(level_pct, color="0.4", ls=(0, (2, 2)), label=f"paper's Fig. 2 with DP: {level_pct:g} %")
+    ax.axhline(chance_pct, color="0.6", ls=":", label="chance")
+    ax.set(xscale="log", xlabel="total $\\epsilon$ of the run ($\\delta = 10^{-5}$)",
+           ylabel="test accuracy (%)", ylim=(0, 100))
+    ax.grid(alpha=0.3)
+    return ax
