@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PROFILE ?= quick
 DATA_STAMP := data/raw/.fetched
 
-.PHONY: book test test-full test-gpu notebooks data venv bench lint clean help
+.PHONY: book test test-full test-gpu paper notebooks data venv bench lint clean help
 
 help:
 	@echo "make book   - set up, fetch data, execute every notebook (PROFILE=$(PROFILE)), build the HTML book"
@@ -15,6 +15,7 @@ help:
 	@echo "make test-full - the tests and the heavy statistical audits"
 	@echo "make test-gpu - the tests that exercise CUDA (skipped without a GPU)"
 	@echo "make bench  - engine benchmark (saved under data/bench/)"
+	@echo "make paper  - one slice of the paper-scale campaign (a GPU; BUDGET_MIN=25)"
 
 # ---- environment: a venv with the pinned requirements --------------------------------
 $(STAMP): requirements.txt pyproject.toml
@@ -36,29 +37,34 @@ data: $(DATA_STAMP)
 
 # ---- book -----------------------------------------------------------------------------
 notebooks: $(DATA_STAMP)
-	$(PY) -m fedlib.notebooks --profile $(PROFILE)
+	$(PY) -m fedlib.tools.notebooks --into-book --profile $(PROFILE)
 
 book: notebooks
 	$(VENV)/bin/jupyter-book build -W -n --keep-going book/
 	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then \
-		$(PY) -m fedlib.browser_check book/_build/html --screenshots book/_build/screenshots; \
+		$(PY) -m fedlib.tools.browser_check book/_build/html --screenshots book/_build/screenshots; \
 	else echo "chromium not installed: skipping the browser check of the book"; fi
 	@echo "book: $(CURDIR)/book/_build/html/index.html"
 
 # ---- tests ------------------------------------------------------------------------------
 test: $(DATA_STAMP)
-	$(VENV)/bin/ruff check fedlib tests
+	$(VENV)/bin/ruff check fedlib studies tests
 	$(PY) -m pytest -m "not heavy"
 
 test-full: $(DATA_STAMP)
-	$(VENV)/bin/ruff check fedlib tests
+	$(VENV)/bin/ruff check fedlib studies tests
 	$(PY) -m pytest
 
 test-gpu: $(DATA_STAMP)
 	$(PY) -m pytest -m gpu -v -rs
 
+# One slice of the paper-scale campaign (meant for a GPU): trains what the pages still miss.
+paper: $(DATA_STAMP)
+	$(PY) -m fedlib.tools.campaign plan --profile paper
+	$(PY) -m fedlib.tools.campaign run --profile paper --budget-min $(or $(BUDGET_MIN),25)
+
 bench: $(DATA_STAMP)
-	$(PY) -m fedlib.bench --json --save
+	$(PY) -m fedlib.tools.bench --json --save
 
 clean:
 	rm -rf book/_build book/chapters/*.ipynb

@@ -1,8 +1,8 @@
 """Command line: ``python -m fedlib run --algorithm fedavg --clients 20 ... [--json]``.
 
-Every :class:`~fedlib.config.Config` field is an option (``--field-name``); ``--profile``
-shrinks the config first (explicit options win). ``python -m fedlib data`` fetches the
-datasets; ``python -m fedlib profiles`` lists the profiles.
+Every :class:`~fedlib.config.Config` field is an option (``--field-name``); ``python -m fedlib
+data`` fetches the datasets. (The studies' profiles, which shrink a paper's setting to a machine,
+are listed by ``python -m studies profiles``.)
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import dataclasses
 import json
 import sys
 
-from fedlib.config import PROFILES, Config, ConfigError
+from fedlib.config import Config, ConfigError
 from fedlib.engine import PATHS
 
 
@@ -34,8 +34,6 @@ def main(argv: list[str] | None = None) -> int:
 
     r = sub.add_parser("run", help="train one configuration (or load it from the cache)")
     _add_config_options(r)
-    r.add_argument("--apply-profile", dest="apply_profile", choices=list(PROFILES),
-                   help="shrink the config with this profile before the explicit options apply")
     r.add_argument("--engine", default="auto", choices=["auto", *PATHS],
                    help="engine path (auto: vectorized on a GPU, parallel on a multi-core CPU)")
     r.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
@@ -47,8 +45,6 @@ def main(argv: list[str] | None = None) -> int:
 
     d = sub.add_parser("data", help="fetch and verify datasets")
     d.add_argument("names", nargs="*", default=["fashionmnist", "mnist"])
-
-    sub.add_parser("profiles", help="list the run profiles")
     args = parser.parse_args(argv)
 
     if args.command == "data":
@@ -60,18 +56,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 1
         return 0
-    if args.command == "profiles":
-        for p in PROFILES.values():
-            print(f"{p.name:6s} {p.description}")
-        return 0
 
     fields = {f.name for f in dataclasses.fields(Config)}
     explicit = {k: v for k, v in vars(args).items() if k in fields}
     try:
-        config = Config()
-        if args.apply_profile:
-            config = PROFILES[args.apply_profile].apply(config)
-        config = config.replace(**explicit).validate()
+        config = Config().replace(**explicit).validate()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

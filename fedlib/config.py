@@ -1,15 +1,21 @@
-"""Experiment configuration, validation and the three run profiles.
+"""Experiment configuration and its validation.
 
 A :class:`Config` says *what* is computed; it fully determines a result (together with
 the code version), so its hash keys the results cache (:mod:`fedlib.results`). *How* it
 is executed (engine path, device, checkpoint interval) is passed separately to
 :func:`fedlib.run` and does not change the result beyond floating-point rounding.
 
-Profiles (:data:`PROFILES`) shrink a paper-scale config to fit a machine:
+The fields are flat (one command-line option each, one stable hash), grouped by who reads
+them: the generic fields every run has, and each algorithm's own hyperparameters, marked
+with their owner (``owner`` metadata). An algorithm declares the fields it reads
+(``Algorithm.fields``) and checks them itself (``Algorithm.check``); :meth:`Config.validate`
+runs the generic rules and then the check registered for ``algorithm`` (algorithms register
+when :mod:`fedlib.algorithms` is imported, so this module imports none of them). Every field
+has one meaning, and privacy budgets name their unit (per round, per coordinate, per draw,
+total).
 
-* ``smoke``: seconds; used by the tests.
-* ``quick``: the default of ``make book``; minutes on a 2-core CPU, reduced data and rounds.
-* ``paper``: the papers' own settings; meant for a GPU.
+Scaling a paper's setting down to a machine (profiles ``smoke``, ``quick``, ``paper``) is the
+studies' business (:mod:`studies.common`); ``profile`` here only labels the result.
 """
 
 from __future__ import annotations
@@ -17,14 +23,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 #: Bump when a change to the code alters results, so that old cache entries are not reused;
 #: results that the change leaves as they were are carried over by ``python -m fedlib.tools.migrate``
 #: (one rule per version there). 2: privacy noise is floating-point safe, keyed on the whole
-#: config; MOON-DPAP's central noise follows replace-one (sensitivity 2C).
-RESULTS_VERSION = 2
+#: config; MOON-DPAP's central noise follows replace-one (sensitivity 2C). 3: privacy budgets
+#: renamed to one meaning each (dp_epsilon, ldp_epsilon split by unit; results unchanged).
+RESULTS_VERSION = 3
 
 DATASET_SIZES = {"fashionmnist": (60_000, 10_000), "mnist": (60_000, 10_000)}
 MODELS = ("cnn", "mcmahan_cnn", "mlp")
@@ -36,8 +44,26 @@ class ConfigError(ValueError):
     """A configuration that cannot be run; raised before any work starts."""
 
 
-def _param(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
+#: Labels a config's ``profile`` may carry (see :mod:`studies.common` for what they mean).
+PROFILE_NAMES = ("smoke", "quick", "paper", "custom")
+
+#: algorithm name -> its check (``list`` of problems); filled by :mod:`fedlib.algorithms`.
+_ALGORITHM_CHECKS: dict[str, Callable[[Config], list[str]]] = {}
+
+
+def register_algorithm(name: str, check: Callable[[Config], list[str]]) -> None:
+    """Make ``name`` a valid ``Config.algorithm`` whose fields ``check`` validates."""
+    _ALGORITHM_CHECKS[name] = check
+
+
+def algorithm_names() -> list[str]:
+    return sorted(_ALGORITHM_CHECKS)
+
+
+def _param(default: Any, help: str, owner: str = "") -> Any:
+    """A field with its help text and, for algorithm-specific fields, the algorithm(s) that read
+    it (comma-separated)."""
+    return field(default=default, metadata={"help": help, "owner": owner})
 
 
 @dataclass(frozen=True)
@@ -64,59 +90,93 @@ class Config:
     precision: str = _param("float32", "training arithmetic: float32; bfloat16 (the forward pass under "
                             "torch.autocast: faster where the hardware has bf16 units, other numbers); or "
                             "float64 (model and data in double precision: the reference of numerical checks)")
-    # ---- algorithm-specific (each used only by the algorithms that name it) ----------
-    prox_mu: float = _param(0.01, "FedProx: weight mu of the proximal term mu/2 ||w - w_global||^2")
-    feddyn_alpha: float = _param(0.01, "FedDyn: regularisation alpha")
-    moon_mu: float = _param(0.01, "MOON: weight mu of the model-contrastive loss (MOON-DPAP: best 0.01)")
-    moon_tau: float = _param(0.5, "MOON: temperature tau of the contrastive loss")
-    projection_dim: int = _param(64, "MOON/MOON-DPAP: output size of the projection head (0 = none)")
-    ditto_lambda: float = _param(0.1, "Ditto: weight lambda pulling the personal model to the global one")
+    # ---- algorithm-specific: each field names the algorithm(s) that read it ---------------
+    prox_mu: float = _param(0.01,
+                            "FedProx: weight mu of the proximal term mu/2 ||w - w_global||^2", "fedprox")
+    feddyn_alpha: float = _param(0.01, "FedDyn: regularisation alpha", "feddyn")
+    moon_mu: float = _param(0.01,
+                            "MOON: weight mu of the model-contrastive loss (MOON-DPAP: its start, eq. 3)",
+                            "moon,moon_dpap")
+    moon_tau: float = _param(0.5,
+                             "MOON: temperature tau of the contrastive loss (MOON-DPAP: its start, eq. 2)",
+                             "moon,moon_dpap")
+    projection_dim: int = _param(64, "MOON/MOON-DPAP: output size of the projection head (0 = none)",
+                                 "moon,moon_dpap")
+    ditto_lambda: float = _param(0.1,
+                                 "Ditto: weight lambda pulling the personal model to the global one", "ditto")
     # ---- MOON-DPAP components (switches for the ablation) ---------------------------------
-    cosine_lr: bool = _param(False, "cosine-annealed client lr from lr to lr_min (MOON-DPAP eq. 1)")
-    lr_min: float = _param(0.0, "eta_min of the cosine schedule")
-    tau_min: float = _param(0.1, "MOON-DPAP eq. 2: temperature decreases from moon_tau to tau_min")
-    mu_max: float = _param(0.05, "MOON-DPAP eq. 3: contrastive weight grows from moon_mu to mu_max")
-    schedule_ramp: float = _param(0.5, "fraction of rounds over which tau and mu reach their end values")
-    prune: bool = _param(False, "magnitude pruning with a linearly growing threshold (eq. 6, 7)")
-    prune_t_min: float = _param(0.0, "pruning threshold at round 0 (eq. 7 T_min)")
-    prune_t_max: float = _param(0.01, "pruning threshold at the last round (eq. 7 T_max)")
-    # ---- client-level differential privacy (MOON-DPAP; later DP-FedAvg) --------------------
-    dp: str = _param("none", "none, central (server adds noise to the sum) or local (each client adds noise)")
-    dp_clip: float = _param(0.5, "L2 clip norm C of each client's model update")
+    cosine_lr: bool = _param(False,
+                             "MOON-DPAP eq. 1: cosine-annealed client lr from lr to lr_min", "moon_dpap")
+    lr_min: float = _param(0.0, "MOON-DPAP eq. 1: eta_min of the cosine schedule", "moon_dpap")
+    tau_min: float = _param(0.1,
+                            "MOON-DPAP eq. 2: temperature decreases from moon_tau to tau_min", "moon_dpap")
+    mu_max: float = _param(0.05,
+                           "MOON-DPAP eq. 3: contrastive weight grows from moon_mu to mu_max", "moon_dpap")
+    schedule_ramp: float = _param(0.5, "MOON-DPAP: fraction of rounds over which tau and mu reach their end "
+                                  "values", "moon_dpap")
+    prune: bool = _param(False, "MOON-DPAP eq. 6-7: magnitude pruning with a linearly growing threshold",
+                         "moon_dpap")
+    prune_t_min: float = _param(0.0, "MOON-DPAP eq. 7: pruning threshold T_min at round 0", "moon_dpap")
+    prune_t_max: float = _param(0.01,
+                                "MOON-DPAP eq. 7: pruning threshold T_max at the last round", "moon_dpap")
+    dp: str = _param("none", "MOON-DPAP DP: none; client-level central (the server adds noise to the sum) or "
+                     "local (each client adds noise); or record (record-level DP-SGD in each client)",
+                     "moon_dpap")
+    dp_epsilon_per_round: float = _param(1.0,
+                                         "MOON-DPAP schedule 'paper': epsilon_0 of eq. 5, the epsilon of "
+                                         "round 0 (round t gets epsilon_0 (1 - t/T))", "moon_dpap")
+    dp_epsilon_total: float = _param(1.0, "MOON-DPAP schedule 'constant': the epsilon the whole run spends",
+                                     "moon_dpap")
+    dp_schedule: str = _param("paper",
+                              "MOON-DPAP: paper (eq. 5, dp_epsilon_per_round) or constant (one noise "
+                              "level calibrated to dp_epsilon_total)", "moon_dpap")
+    dp_eps_floor: float = _param(0.0,
+                                 "MOON-DPAP schedule 'paper': lower bound on epsilon(t), as a fraction of "
+                                 "epsilon_0", "moon_dpap")
+    # ---- shared by the central-DP algorithms ----------------------------------------------
+    dp_clip: float = _param(0.5, "L2 clip norm C of each client's model update (dp = record: of each "
+                            "per-sample gradient; DP-FedAvg: the initial C under adaptive clipping)",
+                            "moon_dpap,dp_fedavg")
+    dp_delta: float = _param(1e-5, "delta of the run's (epsilon, delta) guarantee (MOON-DPAP's eq. 5 also "
+                             "calibrates each round at it)", "moon_dpap,dp_fedavg")
     secure_noise: bool = _param(True, "floating-point-safe privacy noise: values on a power-of-two grid, "
                                 "exact discrete Gaussian/Laplace noise (False: float noise, open to "
-                                "Mironov's attack)")
-    dp_epsilon: float = _param(1.0, "per-round epsilon_0 (schedule 'paper') or total target "
-                               "(schedule 'constant')")
-    dp_delta: float = _param(1e-5, "delta per round (paper) / of the whole run (constant)")
-    dp_schedule: str = _param("paper", "paper: epsilon(t) = epsilon_0 (1 - t/T) (eq. 5); "
-                              "constant: fixed noise calibrated to a total epsilon")
-    dp_eps_floor: float = _param(0.0, "paper schedule: lower bound on epsilon(t), "
-                                 "as a fraction of epsilon_0")
+                                "Mironov's attack)", "moon_dpap,dp_fedavg,fdl")
     # ---- DP-FedAvg (McMahan et al. 2018) and adaptive clipping (Andrew et al. 2021) --------
-    dp_noise_multiplier: float = _param(1.0, "DP-FedAvg: z; noise std on the sum of clipped updates = z C")
-    adaptive_clip: bool = _param(False, "DP-FedAvg: adapt C to a private quantile of the update norms")
-    clip_quantile: float = _param(0.5, "adaptive clipping: target fraction gamma of unclipped updates")
-    clip_lr: float = _param(0.2, "adaptive clipping: geometric learning rate eta_C")
+    dp_noise_multiplier: float = _param(1.0, "DP-FedAvg: z; noise std on the sum of clipped updates = z C",
+                                        "dp_fedavg")
+    adaptive_clip: bool = _param(False, "DP-FedAvg: adapt C to a private quantile of the update norms",
+                                 "dp_fedavg")
+    clip_quantile: float = _param(0.5, "adaptive clipping: target fraction gamma of unclipped updates",
+                                  "dp_fedavg")
+    clip_lr: float = _param(0.2, "adaptive clipping: geometric learning rate eta_C", "dp_fedavg")
     clip_count_std: float = _param(0.0, "adaptive clipping: noise sigma_b on the unclipped count "
-                                   "(0 = expected clients per round / 20)")
+                                   "(0 = expected clients per round / 20)", "dp_fedavg")
     # ---- local DP: LDP-FL, SignDS-FL, FDL ------------------------------------------------------
-    ldp_epsilon: float = _param(0.5, "local DP: the method's own epsilon (LDP-FL: per coordinate; "
-                                "SignDS-FL: per round; FDL as published: per draw and per value; "
-                                "FDL corrected: per client and round in total)")
+    ldp_fl_epsilon_per_coordinate: float = _param(0.5, "LDP-FL: epsilon of each coordinate's two-point "
+                                                  "mechanism (a client's update: d times it)", "ldp_fl")
+    signds_epsilon_per_round: float = _param(0.5, "SignDS-FL: epsilon of a client's message in one round",
+                                             "signds_fl")
+    fdl_epsilon_per_draw: float = _param(0.5, "FDL as published: the paper's epsilon, spent by each "
+                                         "exponential draw and each Laplace value", "fdl")
+    fdl_epsilon_per_round: float = _param(0.5, "FDL corrected: epsilon of a client's whole message in one "
+                                          "round (selection and values)", "fdl")
     ldp_clip: float = _param(0.001, "local DP: public per-coordinate clip c of the update "
-                             "(LDP-FL's range radius r; corrected FDL's c)")
+                             "(LDP-FL's range radius r; corrected FDL's c)", "ldp_fl,fdl")
     fdl_mode: str = _param("as_published", "FDL: as_published (data-dependent normalisation and filter) "
-                           "or corrected (public clip, public k, budget split)")
+                           "or corrected (public clip, public k, budget split)", "fdl")
     fdl_r: float = _param(0.01, "FDL: magnitude threshold r (as published: hard filter |v| > r; "
-                          "corrected: utility min(1, |v| / r))")
-    fdl_th: float = _param(0.8, "FDL as published: th = this fraction of the filtered dimensions")
-    fdl_k: int = _param(100, "FDL corrected: public number k of dimensions sent")
-    fdl_selection_share: float = _param(0.5, "FDL corrected: share of epsilon spent on selecting dimensions")
-    signds_k: float = _param(0.01, "SignDS-FL: top-k set size as a fraction kappa of the dimensions")
-    signds_h: int = _param(100, "SignDS-FL: number h of dimensions each client reports")
-    signds_threshold: float = _param(0.6, "SignDS-FL: nu_th = ceil(rho h); rho")
-    signds_lr: float = _param(0.01, "SignDS-FL: global step eta_g per reported sign")
+                          "corrected: utility min(1, |v| / r))", "fdl")
+    fdl_th: float = _param(0.8, "FDL as published: th = this fraction of the filtered dimensions", "fdl")
+    fdl_k: int = _param(100, "FDL corrected: public number k of dimensions sent", "fdl")
+    fdl_selection_share: float = _param(0.5, "FDL corrected: share of epsilon spent on selecting dimensions",
+                                        "fdl")
+    signds_k: float = _param(0.01, "SignDS-FL: top-k set size as a fraction kappa of the dimensions",
+                             "signds_fl")
+    signds_h: int = _param(100, "SignDS-FL: number h of dimensions each client reports", "signds_fl")
+    signds_threshold: float = _param(0.6, "SignDS-FL: nu_th = ceil(rho h); rho", "signds_fl")
+    signds_lr: float = _param(0.01, "SignDS-FL: global step eta_g per reported sign", "signds_fl")
+    # ---- data and evaluation ----------------------------------------------------------------
     train_samples: int = _param(0, "use a stratified subset of this many training samples (0 = all)")
     test_samples: int = _param(0, "evaluate on this many test samples (0 = all)")
     eval_every: int = _param(1, "evaluate the global model every k rounds (and at the end)")
@@ -168,9 +228,8 @@ class Config:
 
     # ---- validation ------------------------------------------------------------------
     def validate(self) -> Config:
-        """Raise :class:`ConfigError` listing every problem; return ``self`` when valid."""
-        from fedlib.algorithms import ALGORITHMS  # local import: algorithms import config
-
+        """Raise :class:`ConfigError` listing every problem; return ``self`` when valid: the
+        generic rules here, then the check of the config's algorithm (``Algorithm.check``)."""
         errs: list[str] = []
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
@@ -182,8 +241,8 @@ class Config:
         if errs:
             raise ConfigError("invalid config:\n  " + "\n  ".join(errs))
 
-        if self.algorithm not in ALGORITHMS:
-            errs.append(f"unknown algorithm {self.algorithm!r}; choose from {sorted(ALGORITHMS)}")
+        if self.algorithm not in _ALGORITHM_CHECKS:
+            errs.append(f"unknown algorithm {self.algorithm!r}; choose from {algorithm_names()}")
         if self.dataset not in DATASET_SIZES:
             errs.append(f"unknown dataset {self.dataset!r}; choose from {sorted(DATASET_SIZES)}")
         if self.model not in MODELS:
@@ -215,56 +274,6 @@ class Config:
             errs.append(f"dropout must be in [0, 1), got {self.dropout}")
         if self.precision not in PRECISIONS:
             errs.append(f"precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
-        for name in ("prox_mu", "feddyn_alpha", "moon_mu", "ditto_lambda", "lr_min", "prune_t_min",
-                     "dp_eps_floor"):
-            if getattr(self, name) < 0:
-                errs.append(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not self.moon_tau > 0 or not self.tau_min > 0:
-            errs.append("moon_tau and tau_min must be > 0")
-        if self.projection_dim < 0:
-            errs.append(f"projection_dim must be >= 0, got {self.projection_dim}")
-        if not 0 < self.schedule_ramp <= 1:
-            errs.append(f"schedule_ramp must be in (0, 1], got {self.schedule_ramp}")
-        if self.prune_t_max < self.prune_t_min:
-            errs.append("prune_t_max must be >= prune_t_min")
-        if self.lr_min > self.lr:
-            errs.append(f"lr_min ({self.lr_min}) must not exceed lr ({self.lr})")
-        if self.dp not in ("none", "central", "local"):
-            errs.append(f"dp must be none, central or local, got {self.dp!r}")
-        if self.dp != "none":
-            if not self.dp_clip > 0:
-                errs.append(f"dp_clip must be > 0, got {self.dp_clip}")
-            if not self.dp_epsilon > 0:
-                errs.append(f"dp_epsilon must be > 0, got {self.dp_epsilon}")
-            if not 0 < self.dp_delta < 1:
-                errs.append(f"dp_delta must be in (0, 1), got {self.dp_delta}")
-            if self.dp_schedule not in ("paper", "constant"):
-                errs.append(f"dp_schedule must be paper or constant, got {self.dp_schedule!r}")
-        if self.algorithm in ("ldp_fl", "signds_fl", "fdl"):
-            if not self.ldp_epsilon > 0 or not self.ldp_clip > 0:
-                errs.append("local DP needs ldp_epsilon > 0 and ldp_clip > 0")
-            if self.fdl_mode not in ("as_published", "corrected"):
-                errs.append(f"fdl_mode must be as_published or corrected, got {self.fdl_mode!r}")
-            if not self.fdl_r >= 0 or not 0 < self.fdl_th <= 1 or self.fdl_k < 1:
-                errs.append("FDL needs fdl_r >= 0, 0 < fdl_th <= 1, fdl_k >= 1")
-            if not 0 < self.fdl_selection_share < 1:
-                errs.append(f"fdl_selection_share must be in (0, 1), got {self.fdl_selection_share}")
-            if (not 0 < self.signds_k <= 0.25 or self.signds_h < 1
-                    or not 0.5 <= self.signds_threshold <= 1):
-                errs.append("SignDS-FL needs 0 < signds_k <= 0.25, signds_h >= 1, "
-                            "0.5 <= signds_threshold <= 1")
-            if not self.signds_lr > 0:
-                errs.append(f"signds_lr must be > 0, got {self.signds_lr}")
-        if self.algorithm == "dp_fedavg":
-            if not self.dp_clip > 0 or not 0 < self.dp_delta < 1 or self.dp_noise_multiplier < 0:
-                errs.append("DP-FedAvg needs dp_clip > 0, 0 < dp_delta < 1, dp_noise_multiplier >= 0")
-            if not 0 < self.clip_quantile < 1 or not self.clip_lr > 0 or self.clip_count_std < 0:
-                errs.append("adaptive clipping needs 0 < clip_quantile < 1, clip_lr > 0, clip_count_std >= 0")
-            sigma_b = self.clip_count_std or self.client_fraction * self.clients / 20
-            z = self.dp_noise_multiplier
-            if self.adaptive_clip and z > 0 and not z < 2 * sigma_b:
-                errs.append(f"adaptive clipping needs dp_noise_multiplier < 2 clip_count_std = "
-                            f"{2 * sigma_b:.3g} (Andrew et al. 2021, Thm 1); raise clip_count_std")
         if self.seed < 0:
             errs.append(f"seed must be >= 0, got {self.seed}")
         if self.dataset in DATASET_SIZES:
@@ -282,8 +291,10 @@ class Config:
                 )
             elif self.partition == "shards" and self.clients * self.shards_per_client > self.n_train:
                 errs.append("more shards than training samples")
-        if self.profile not in (*PROFILES, "custom"):
-            errs.append(f"unknown profile {self.profile!r}; choose from {[*PROFILES, 'custom']}")
+        if self.profile not in PROFILE_NAMES:
+            errs.append(f"unknown profile {self.profile!r}; choose from {list(PROFILE_NAMES)}")
+        if self.algorithm in _ALGORITHM_CHECKS:
+            errs.extend(_ALGORITHM_CHECKS[self.algorithm](self))
         if errs:
             raise ConfigError("invalid config:\n  " + "\n  ".join(errs))
         return self
@@ -291,53 +302,3 @@ class Config:
 
 def _defaults() -> dict[str, Any]:
     return Config().to_dict()
-
-
-# ---- profiles ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Profile:
-    """How far a paper-scale config is shrunk. ``0`` means 'keep the paper's value'."""
-
-    name: str
-    description: str
-    train_samples: int = 0
-    test_samples: int = 0
-    max_rounds: int = 0
-    max_clients: int = 0
-    seeds: int = 1
-    eval_every: int = 1
-
-    def apply(self, config: Config) -> Config:
-        """Shrink ``config`` (a paper-scale experiment) to this profile."""
-        changes: dict[str, Any] = {"profile": self.name}
-        if self.train_samples and (not config.train_samples or config.train_samples > self.train_samples):
-            changes["train_samples"] = self.train_samples
-        if self.test_samples and (not config.test_samples or config.test_samples > self.test_samples):
-            changes["test_samples"] = self.test_samples
-        if self.max_rounds and config.rounds > self.max_rounds:
-            changes["rounds"] = self.max_rounds
-        if self.max_clients and config.clients > self.max_clients:
-            changes["clients"] = self.max_clients
-        if self.eval_every > 1:
-            changes["eval_every"] = self.eval_every
-        return config.replace(**changes)
-
-
-PROFILES: dict[str, Profile] = {
-    "smoke": Profile(
-        "smoke", "seconds; for tests: 600 training samples, 2 rounds, 4 clients at most",
-        train_samples=600, test_samples=300, max_rounds=2, max_clients=4, seeds=1,
-    ),
-    "quick": Profile(
-        "quick", "minutes on a 2-core CPU: 4,000 training samples, 2,000 test samples, 20 rounds at most, "
-        "3 seeds", train_samples=4_000, test_samples=2_000, max_rounds=20, seeds=3,
-    ),
-    "paper": Profile("paper", "the papers' own settings (full data and rounds); meant for a GPU", seeds=3),
-}
-
-
-def get_profile(name: str) -> Profile:
-    try:
-        return PROFILES[name]
-    except KeyError:
-        raise ConfigError(f"unknown profile {name!r}; choose from {list(PROFILES)}") from None

@@ -21,8 +21,10 @@ group (a *run batch*); each run keeps its own global model, broadcast state and
 hyperparameters, gathered per lane.
 
 Every path consumes the same :class:`RoundPlan` (minibatch indices, padding weights and
-dropout masks drawn on the host from per-(seed, round, client) generators), so they compute
-the same function; tests check that they agree (exactly up to rounding in float64).
+dropout masks drawn on the host from per-(seed, round, client) generators; for record-level
+DP-SGD, Poisson-sampled batches and a noise source keyed by (client, step), see
+:func:`make_poisson_plan`), so they compute the same function; tests check that they agree
+(exactly up to rounding in float64).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import torch
 from torch.func import vmap
 
 from fedlib.algorithms.base import Algorithm, RoundContext
-from fedlib.privacy.noise import generator_for
+from fedlib.privacy.noise import StepNoise, generator_for
 from fedlib.streams import Stream
 from fedlib.tree import Tree, index, stack, tmap, where
 
@@ -55,6 +57,13 @@ class RoundPlan:
     weight: torch.Tensor  # (C, S, B) float32, 1 for real samples, 0 for padding
     steps: list[int]  # K_i, the real number of steps of each client
     drop: torch.Tensor | None = None  # (C, S, B, H) dropout keep-masks, or None
+    clients: list[int] | None = None  # the client id of each row (needed by ``noise``)
+    noise: StepNoise | None = None  # record-level DP-SGD: the noise of each (client, step)
+
+    def step_noise(self, i: int, s: int) -> dict[str, torch.Tensor]:
+        """The noise of step ``s`` of row ``i`` (zeros on a padded step)."""
+        assert self.noise is not None and self.clients is not None
+        return self.noise.draw(self.clients[i], s) if s < self.steps[i] else self.noise.zeros()
 
     @property
     def active(self) -> torch.Tensor:
@@ -97,30 +106,70 @@ def make_plan(client_indices: list[np.ndarray], client_ids: list[int], *, batch_
         for j, chunk in enumerate(b):
             idx_arr[i, j, :len(chunk)] = chunk
             w_arr[i, j, :len(chunk)] = 1.0
-    drop = None
-    if dropout > 0:
-        # torch.rand fills row-major, so a client's first K_i steps of masks do not depend on
-        # the other clients' step counts (the lane packing relies on this).
-        masks = []
-        for cid in client_ids:
-            g = generator_for(seed, Stream.DROPOUT, round_, cid)
-            masks.append(torch.rand((s, batch_size, repr_dim), generator=g) >= dropout)
-        drop = torch.stack(masks).to(device=device, dtype=torch.float32)
+    drop = _dropout_masks(client_ids, steps=s, width=batch_size, dropout=dropout, repr_dim=repr_dim,
+                          seed=seed, round_=round_, device=device)
     return RoundPlan(torch.from_numpy(idx_arr).to(device), torch.from_numpy(w_arr).to(device),
-                     steps, drop)
+                     steps, drop, list(client_ids))
+
+
+def _dropout_masks(client_ids: list[int], *, steps: int, width: int, dropout: float, repr_dim: int,
+                   seed: int, round_: int, device: torch.device) -> torch.Tensor | None:
+    """(C, S, B, H) keep-masks, or None without dropout. torch.rand fills row-major, so a
+    client's first K_i steps of masks do not depend on the other clients' step counts (the
+    lane packing relies on this)."""
+    if dropout <= 0:
+        return None
+    masks = []
+    for cid in client_ids:
+        g = generator_for(seed, Stream.DROPOUT, round_, cid)
+        masks.append(torch.rand((steps, width, repr_dim), generator=g) >= dropout)
+    return torch.stack(masks).to(device=device, dtype=torch.float32)
+
+
+def make_poisson_plan(client_indices: list[np.ndarray], client_ids: list[int], keys: list[tuple[int, ...]],
+                      *, batch_size: int, epochs: int, seed: int, round_: int, device: torch.device,
+                      dropout: float = 0.0, repr_dim: int = 0) -> RoundPlan:
+    """Poisson-sampled minibatches, the sampling that DP-SGD's accounting assumes (Abadi et al.
+    2016; Mironov, Talwar, Zhang 2019): at each of a client's ``K_i = ceil(E n_i / B)`` steps
+    every one of its ``n_i`` samples is taken independently with probability ``q_i = B / n_i``
+    (``E`` epochs and a batch of ``B`` in expectation). Batches are padded (weight 0) to the
+    round's largest one. ``keys[i]`` seeds client i's sampling: it is part of the mechanism, so
+    it is keyed like privacy noise, not by the run's seed alone."""
+    batches: list[list[np.ndarray]] = []
+    for idx, key in zip(client_indices, keys, strict=True):
+        n = len(idx)
+        rng = np.random.default_rng(list(key))
+        q, k = min(1.0, batch_size / n), math.ceil(epochs * n / batch_size)
+        batches.append([idx[rng.random(n) < q] for _ in range(k)])
+    steps = [len(b) for b in batches]
+    c, s = len(batches), max(steps)
+    width = max(1, max(len(chunk) for b in batches for chunk in b))
+    idx_arr = np.zeros((c, s, width), dtype=np.int64)
+    w_arr = np.zeros((c, s, width), dtype=np.float32)
+    for i, b in enumerate(batches):
+        for j, chunk in enumerate(b):
+            idx_arr[i, j, :len(chunk)] = chunk
+            w_arr[i, j, :len(chunk)] = 1.0
+    drop = _dropout_masks(client_ids, steps=s, width=width, dropout=dropout, repr_dim=repr_dim,
+                          seed=seed, round_=round_, device=device)
+    return RoundPlan(torch.from_numpy(idx_arr).to(device), torch.from_numpy(w_arr).to(device),
+                     steps, drop, list(client_ids))
 
 
 def _batch(x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor,
-           drop: torch.Tensor | None) -> dict[str, torch.Tensor]:
+           drop: torch.Tensor | None, noise: dict[str, torch.Tensor] | None = None) -> dict:
     b = {"x": x[idx], "y": y[idx], "w": weight}
     if drop is not None:
         b["drop"] = drop
+    if noise is not None:
+        b["noise"] = noise
     return b
 
 
-def _client_batch(x, y, plan: RoundPlan, i: int, s: int) -> dict[str, torch.Tensor]:
-    """Minibatch ``s`` of client ``i``."""
-    return _batch(x, y, plan.idx[i, s], plan.weight[i, s], None if plan.drop is None else plan.drop[i, s])
+def _client_batch(x, y, plan: RoundPlan, i: int, s: int) -> dict:
+    """Minibatch ``s`` of client ``i`` (with the step's DP-SGD noise when the plan has some)."""
+    return _batch(x, y, plan.idx[i, s], plan.weight[i, s], None if plan.drop is None else plan.drop[i, s],
+                  None if plan.noise is None else plan.step_noise(i, s))
 
 
 def run_sequential(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, plan: RoundPlan,
@@ -178,6 +227,24 @@ class LanePlan:
     row: np.ndarray  # (L, S) int
     groups: list[list[int]]
     steps: list[int]  # per row
+    local_step: np.ndarray | None = None  # (L, S): the step of its client that lane l takes at s
+    sources: list[tuple[RoundPlan, int]] | None = None  # per row: its plan and row in it
+
+    def step_noise(self, j: int) -> dict[str, torch.Tensor]:
+        """Every lane's DP-SGD noise at step ``j``, stacked (zeros where a lane has finished)."""
+        parts = []
+        for lane in range(self.lanes):
+            r = self.row[lane, j]
+            if r < 0:
+                parts.append(self.sources[0][0].noise.zeros())
+            else:
+                plan, i = self.sources[r]
+                parts.append(plan.step_noise(i, int(self.local_step[lane, j])))
+        return stack(parts)
+
+    @property
+    def has_noise(self) -> bool:
+        return self.sources is not None and self.sources[0][0].noise is not None
 
     @property
     def lanes(self) -> int:
@@ -195,28 +262,31 @@ def pack_lanes(plans: list[RoundPlan], lanes: str | int = "auto") -> LanePlan:
     groups = balance(steps, lane_count(steps, lanes))
     length = max(sum(steps[r] for r in g) for g in groups)
     first = plans[0]
-    dev, b = first.idx.device, first.idx.shape[2]
-    if any(p.idx.shape[2] != b for p in plans):
-        raise ValueError("runs stacked in one group must share the batch size")
+    # the widest batch (Poisson-sampled plans differ in width; narrower ones pad with weight 0)
+    dev, b = first.idx.device, max(p.idx.shape[2] for p in plans)
     if len({p.drop is None for p in plans}) > 1:
         raise ValueError("runs stacked in one group must all use dropout, or none of them")
+    if len({p.noise is None for p in plans}) > 1:
+        raise ValueError("runs stacked in one group must all use DP-SGD noise, or none of them")
     L = len(groups)
     idx = torch.zeros((L, length, b), dtype=torch.long, device=dev)
     weight = torch.zeros((L, length, b), dtype=first.weight.dtype, device=dev)
     drop = None if first.drop is None else first.drop.new_zeros((L, length, b, first.drop.shape[3]))
     row = np.full((L, length), -1, dtype=np.int64)
+    local_step = np.zeros((L, length), dtype=np.int64)
     for lane, g in enumerate(groups):
         at = 0
         for r in g:
             p, i = per_row[r]
-            k = steps[r]
-            idx[lane, at:at + k] = p.idx[i, :k]
-            weight[lane, at:at + k] = p.weight[i, :k]
+            k, w = steps[r], p.idx.shape[2]
+            idx[lane, at:at + k, :w] = p.idx[i, :k]
+            weight[lane, at:at + k, :w] = p.weight[i, :k]
             if drop is not None:
-                drop[lane, at:at + k] = p.drop[i, :k]
+                drop[lane, at:at + k, :w] = p.drop[i, :k]
             row[lane, at:at + k] = r
+            local_step[lane, at:at + k] = np.arange(k)
             at += k
-    return LanePlan(idx, weight, drop, row, groups, steps)
+    return LanePlan(idx, weight, drop, row, groups, steps, local_step, per_row)
 
 
 # ---- the vectorized path --------------------------------------------------------------------------
@@ -308,7 +378,8 @@ def run_vectorized(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, works: lis
                 if runs.batched:
                     lane_cx = where(mask, runs.gather(run_of_row[current]), lane_cx)
                 s = where(mask, init(ids, lane_cstate, lane_cx), s)
-        batch = _batch(x, y, lp.idx[:, j], lp.weight[:, j], None if lp.drop is None else lp.drop[:, j])
+        batch = _batch(x, y, lp.idx[:, j], lp.weight[:, j], None if lp.drop is None else lp.drop[:, j],
+                       lp.step_noise(j) if lp.has_noise else None)
         new = step(ids, s, batch, lane_cstate, lane_cx)
         active = row[:, j] >= 0
         s = new if active.all() else where(torch.from_numpy(active).to(device), new, s)
@@ -332,7 +403,8 @@ def subplan(plan: RoundPlan, rows: list[int]) -> RoundPlan:
     steps = [plan.steps[i] for i in rows]
     s, r = max(steps), torch.tensor(rows, device=plan.idx.device)
     drop = None if plan.drop is None else plan.drop[r, :s]
-    return RoundPlan(plan.idx[r, :s], plan.weight[r, :s], steps, drop)
+    clients = None if plan.clients is None else [plan.clients[i] for i in rows]
+    return RoundPlan(plan.idx[r, :s], plan.weight[r, :s], steps, drop, clients, plan.noise)
 
 
 def _worker_loop(conn, algo: Algorithm, x: torch.Tensor, y: torch.Tensor) -> None:

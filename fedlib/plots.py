@@ -79,34 +79,51 @@ def partition_plot(counts: np.ndarray, title: str | None = None, ax=None):
     return ax
 
 
+#: Line styles and markers cycled through the curves of one figure, so that curves that coincide
+#: (Ditto's global model is FedAvg's) stay distinguishable.
+_STYLES = [dict(ls="-", marker="o"), dict(ls="--", marker="s"), dict(ls=":", marker="^"),
+           dict(ls="-.", marker="D"), dict(ls=(0, (5, 1)), marker="v"), dict(ls=(0, (1, 1)), marker="P")]
+
+
 def mean_curves(curves: dict, title: str | None = None, footer: str | None = None,
-                styles: dict | None = None):
+                styles: dict | None = None, reference: dict | None = None, names: dict | None = None):
     """Test accuracy and loss per round, mean over seeds (band = +- 1 std when > 1 seed).
 
-    ``curves`` maps a label to a frame from ``experiments.*.mean_curve``; the label's
-    algorithm (before any ' (') picks the colour unless ``styles`` gives one.
+    ``curves`` maps a label to a frame from :func:`studies.common.mean_curve`; the label's algorithm
+    (before any ' (') picks the colour unless ``styles`` gives one; ``names`` gives readable legend
+    names. ``reference`` maps a legend text to a published ``(accuracy %, loss)`` drawn as
+    horizontal lines (either may be None). The legend sits below the panels.
     """
-    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10.5, 3.8))
-    for label, df in curves.items():
-        key = label.split(" (")[0]
-        kw = {"color": color(key), "label": LABELS.get(label, label)}
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10.5, 4.4))
+    for i, (label, df) in enumerate(curves.items()):
+        key = str(label).split(" (")[0]
+        kw = {"color": color(key), "label": (names or {}).get(label, LABELS.get(label, label)),
+              "markevery": max(1, len(df) // 8), "markersize": 4, **_STYLES[i % len(_STYLES)]}
         kw.update((styles or {}).get(label, {}))
         ax_acc.plot(df["round"], df["acc_mean"], **kw)
         ax_loss.plot(df["round"], df["test_loss_mean"], **kw)
         if df["acc_std"].gt(0).any():
             ax_acc.fill_between(df["round"], df["acc_mean"] - df["acc_std"], df["acc_mean"] + df["acc_std"],
-                                color=kw["color"], alpha=0.15)
+                                color=kw["color"], alpha=0.12)
+    for j, (text, (acc, loss)) in enumerate((reference or {}).items()):
+        kw = {"color": "0.25", "lw": 1.0, "ls": (0, (2, 2)) if j % 2 == 0 else (0, (6, 2))}
+        if acc is not None:
+            ax_acc.axhline(acc, label=text, **kw)
+        if loss is not None:
+            ax_loss.axhline(loss, **kw)
     ax_acc.set(xlabel="global round", ylabel="test accuracy (%)")
-    ax_loss.set(xlabel="global round", ylabel="test loss (cross-entropy)")
+    ax_loss.set(xlabel="global round", ylabel="test loss (cross-entropy, log scale)")
     ax_loss.set_yscale("log")
-    ax_acc.legend(frameon=False, fontsize=8)
     for ax in (ax_acc, ax_loss):
         ax.grid(alpha=0.3)
+    handles, labels = ax_acc.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), frameon=False, fontsize=8)
     if title:
         fig.suptitle(title)
+    rows = (len(labels) + 3) // 4
+    fig.tight_layout(rect=(0, 0.06 + 0.045 * rows, 1, 1))
     if footer:
         fig.text(0.99, 0.005, footer, ha="right", va="bottom", fontsize=7, color="0.4")
-    fig.tight_layout()
     return fig
 
 

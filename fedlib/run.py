@@ -8,6 +8,7 @@ result atomically.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -23,7 +24,7 @@ from tqdm import tqdm
 from fedlib import data as data_mod
 from fedlib.algorithms import ALGORITHMS, Algorithm, RoundContext
 from fedlib.config import Config
-from fedlib.engine import PATHS, Executor, Work, check_path, default_path, make_plan
+from fedlib.engine import PATHS, Executor, Work, check_path, default_path, make_plan, make_poisson_plan
 from fedlib.models import build_model
 from fedlib.partition import partition
 from fedlib.privacy.guarantee import Accountant, is_released
@@ -36,6 +37,7 @@ from fedlib.results import (
     result_path,
     results_dir,
 )
+from fedlib.streams import Stream
 from fedlib.tree import stack, tmap
 
 
@@ -105,6 +107,7 @@ class Experiment:
         self.client_states = stack([self.algo.init_client_state(self.gparams)
                                     for _ in range(config.clients)])
         self.sizes = torch.tensor([len(p) for p in self.parts], dtype=torch.float32, device=device)
+        self.algo.bind_clients([len(p) for p in self.parts])
         self.guarantee = self.algo.guarantee()
         self.accountant = Accountant(self.guarantee.delta) if self.guarantee else None
 
@@ -129,10 +132,18 @@ class Experiment:
         ctx = RoundContext(t, self.gparams, algo.hyper(t), algo.broadcast(self.server_state))
         if not selected:
             return selected, Work(None, None, ctx)  # type: ignore[arg-type]
-        plan = make_plan([self.parts[i] for i in selected], selected, batch_size=c.batch_size,
-                         epochs=c.local_epochs, seed=c.seed, round_=t, device=self.device,
-                         dropout=c.dropout if algo.uses_dropout() else 0.0,
-                         repr_dim=getattr(self.model, "repr_dim", 0))
+        parts = [self.parts[i] for i in selected]
+        common = {"batch_size": c.batch_size, "epochs": c.local_epochs, "seed": c.seed, "round_": t,
+                  "device": self.device, "dropout": c.dropout if algo.uses_dropout() else 0.0,
+                  "repr_dim": getattr(self.model, "repr_dim", 0)}
+        if algo.poisson_records():
+            keys = [algo.noise_seed(Stream.RECORD_SAMPLING, t, cid) for cid in selected]
+            plan = make_poisson_plan(parts, selected, keys, **common)
+        else:
+            plan = make_plan(parts, selected, **common)
+        noise = algo.step_noise(t, self.gparams)
+        if noise is not None:
+            plan = dataclasses.replace(plan, noise=noise)
         sel = torch.tensor(selected, device=self.device, dtype=torch.long)
         return selected, Work(plan.offset(offset), tmap(lambda s: s[sel], self.client_states), ctx)
 
@@ -181,6 +192,27 @@ class Experiment:
         acc, loss = evaluate(self.model, self.gparams, self.data.x_test, self.data.y_test)
         return {"test_acc": acc, "test_loss": loss}
 
+    @torch.no_grad()
+    def personal_accuracy(self) -> dict[str, float]:
+        """Mean over clients of each personal model's accuracy on the test set re-weighted to the
+        client's own label distribution (there is no per-client test split: per-class accuracy
+        times the client's class proportions estimates accuracy on its distribution); {} for
+        algorithms without personal models."""
+        models = self.algo.personal_models(self.client_states)
+        if models is None:
+            return {}
+        x, y, k = self.data.x_test, self.data.y_test, self.data.num_classes
+        class_count = torch.bincount(y, minlength=k).clamp_min(1).float()
+        accs = []
+        for i, part in enumerate(self.parts):
+            v = tmap(lambda t, i=i: t[i], models)
+            pred = torch.cat([functional_call(self.model, v, (x[j:j + 2000],)).argmax(1)
+                              for j in range(0, len(y), 2000)])
+            per_class = torch.bincount(y[pred == y], minlength=k).float() / class_count
+            p = torch.bincount(self.data.y_train[torch.as_tensor(part, device=y.device)], minlength=k).float()
+            accs.append(float((per_class * p / p.sum()).sum()))
+        return {"personal_acc": sum(accs) / len(accs)}
+
 
 def _validate_engine(engine: str, device: torch.device, checkpoint_every: int) -> str:
     """The engine path to use, or a clear error before any work starts."""
@@ -214,15 +246,19 @@ class _Trainee:
         if (t + 1) % config.eval_every == 0 or t + 1 == config.rounds:
             t1 = time.time()
             rec.update(exp.evaluate())
-            rec.update(exp.algo.extra_metrics(exp, final=t + 1 == config.rounds))
+            if t + 1 == config.rounds:
+                rec.update(exp.personal_accuracy())
             rec["eval_s"] = time.time() - t1
         else:
             rec["test_acc"] = rec["test_loss"] = None
         self.history.append(rec)
         if (t + 1) % checkpoint_every == 0 and t + 1 < config.rounds:
-            atomic_torch_save({"state": exp.state_dict(), "history": self.history, "next_round": t + 1},
-                              self.ckpt)
+            self.checkpoint(t + 1)
         return rec
+
+    def checkpoint(self, next_round: int) -> None:
+        atomic_torch_save({"state": self.exp.state_dict(), "history": self.history, "next_round": next_round},
+                          self.ckpt)
 
     def save(self, dev: torch.device, path: str, start: float, root: Path, extra: dict) -> Result:
         exp, config = self.exp, self.config
@@ -237,7 +273,8 @@ class _Trainee:
             meta["privacy"] = {**exp.guarantee.to_dict(),
                                "statement": exp.guarantee.describe(self.history[-1].get("epsilon_spent")),
                                "released_metrics": [k for k in metrics if is_released(k)],
-                               "diagnostic_metrics": [k for k in metrics if not is_released(k)]}
+                               "diagnostic_metrics": [k for k in metrics if not is_released(k)],
+                               **exp.algo.privacy_details()}
         result = Result(config, self.history, meta)
         atomic_torch_save(tmap(lambda p: p.cpu(), exp.gparams), model_path(config, root))
         result.save(self.out)
@@ -261,14 +298,18 @@ def run(config: Config, *, engine: str = "auto", device: str | torch.device | No
 
 def run_many(configs: list[Config], *, engine: str = "auto", device: str | torch.device | None = None,
              force: bool = False, root: Path | None = None, checkpoint_every: int = 5,
-             progress: bool = True) -> list[Result]:
+             progress: bool = True, cache_roots: list[Path] | None = None,
+             deadline: float | None = None) -> list[Result | None]:
     """Run several configs (or load them from the cache), training the missing ones together.
 
     The configs still to train must form one *run batch* (see :func:`batch_key`: the same
     algorithm, model and client-side settings; seeds, data, schedules and server-side
     settings may differ). On the vectorized path their clients are stacked in one group;
     on the others the runs take turns each round. Each run writes its own result file,
-    the same as training it alone (up to float rounding: tested).
+    the same as training it alone (up to float rounding: tested). ``cache_roots``: further
+    results folders where an existing result is loaded from instead of training (``root`` first).
+    ``deadline`` (a ``time.time()`` value): past it, the runs still training checkpoint at the end
+    of the current round and stop; their entries are None and a later call resumes them.
     """
     for c in configs:
         c.validate()
@@ -278,17 +319,25 @@ def run_many(configs: list[Config], *, engine: str = "auto", device: str | torch
     results: dict[int, Result] = {}
     todo: list[int] = []
     for i, c in enumerate(configs):
-        out = result_path(c, root)
-        if out.exists() and not force:
-            results[i] = Result.load(out)
+        found = [p for p in (result_path(c, r) for r in [root, *(cache_roots or [])]) if p.exists()]
+        if found and not force:
+            results[i] = Result.load(found[0])
             _log_run(results[i], cached=True)
         elif c.key() not in {configs[j].key() for j in todo}:
             todo.append(i)
     if todo:
         check_batch([configs[i] for i in todo])
-        trained = _train_batch([configs[i] for i in todo], dev, path, root, force, checkpoint_every, progress)
+        trained = _train_batch([configs[i] for i in todo], dev, path, root, force, checkpoint_every, progress,
+                               deadline)
         results.update(zip(todo, trained, strict=True))
-    return [results[i] if i in results else Result.load(result_path(c, root)) for i, c in enumerate(configs)]
+    out = []
+    for i, c in enumerate(configs):
+        if i in results:
+            out.append(results[i])
+        else:  # a duplicate of a config trained above
+            p = result_path(c, root)
+            out.append(Result.load(p) if p.exists() else None)
+    return out
 
 
 #: Config fields that may differ between the runs of one run batch: they act on the data and
@@ -298,9 +347,12 @@ BATCHABLE_FIELDS = frozenset({
     "seed", "profile", "eval_every", "test_samples", "train_samples", "clients", "client_fraction",
     "partition", "alpha", "min_client_samples", "shards_per_client", "server_lr",
     "lr", "cosine_lr", "lr_min", "moon_mu", "moon_tau", "tau_min", "mu_max", "schedule_ramp",
-    "prune_t_min", "prune_t_max", "dp_epsilon", "dp_delta", "dp_schedule", "dp_eps_floor",
+    "prune_t_min", "prune_t_max", "dp_epsilon_per_round", "dp_epsilon_total", "dp_delta", "dp_schedule",
+    "dp_eps_floor",
     "dp_noise_multiplier", "clip_quantile", "clip_lr", "clip_count_std",
-    "ldp_epsilon", "ldp_clip", "fdl_r", "fdl_th", "fdl_k", "fdl_selection_share",
+    "ldp_fl_epsilon_per_coordinate", "signds_epsilon_per_round", "fdl_epsilon_per_draw",
+    "fdl_epsilon_per_round",
+    "ldp_clip", "fdl_r", "fdl_th", "fdl_k", "fdl_selection_share",
     "signds_k", "signds_h", "signds_threshold", "signds_lr",
 })
 
@@ -347,7 +399,7 @@ class RunBatch:
 
 
 def _train_batch(configs: list[Config], dev: torch.device, path: str, root: Path, force: bool,
-                 checkpoint_every: int, progress: bool) -> list[Result]:
+                 checkpoint_every: int, progress: bool, deadline: float | None = None) -> list[Result | None]:
     start = time.time()
     runs = [_Trainee(c, dev, root, force) for c in configs]
     if len({r.first_round for r in runs}) > 1:  # checkpoints of unequal age: start all afresh
@@ -366,6 +418,11 @@ def _train_batch(configs: list[Config], dev: torch.device, path: str, root: Path
                 done = r.after_round(t, rec, wall, checkpoint_every)
             if done.get("test_acc") is not None:
                 bar.set_postfix(acc=f"{done['test_acc']:.4f}", loss=f"{done['test_loss']:.3f}")
+            if deadline is not None and time.time() > deadline and t + 1 < total:
+                for r in runs:  # stop cleanly: a checkpoint to resume from, no result
+                    r.checkpoint(t + 1)
+                bar.close()
+                return [None] * len(runs)
     bar.close()
     extra = {"run_batch": [c.key() for c in configs]} if len(configs) > 1 else {}
     return [r.save(dev, path, start, root, extra) for r in runs]

@@ -26,3 +26,5 @@ class Stream(IntEnum):
     LDP_FL = 61  # LDP-FL's two-point mechanism
     SIGNDS_FL = 62  # SignDS-FL's selection
     FDL = 63  # FDL's selection and Laplace noise
+    RECORD_SAMPLING = 71  # record-level DP-SGD: Poisson sampling of a client's records, per step
+    RECORD_NOISE = 73  # record-level DP-SGD: the Gaussian noise of each local step

@@ -5,9 +5,9 @@ import json
 
 import torch
 
-from fedlib import bench
 from fedlib.config import Config
 from fedlib.run import Experiment
+from fedlib.tools import bench
 
 KEYS = {"device", "model", "clients", "samples", "floor_s", "sequential_s", "vectorized_s", "eval_s",
         "default_s", "overhead_sequential", "speedup_vectorized", "default_vs_floor", "rounds_per_s",

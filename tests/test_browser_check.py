@@ -2,15 +2,25 @@
 
 import pytest
 
-from fedlib.browser_check import check_book, find_chromium
+from fedlib.tools.browser_check import check_book, find_chromium
 
-pytestmark = pytest.mark.skipif(find_chromium() is None,
-                                reason="Chromium not installed (apt-get install chromium)")
+pytestmark = pytest.mark.skipif(
+    find_chromium() is None, reason="Chromium not installed (apt-get install chromium)"
+)
 
-GOOD = """<html><body><p>fine</p><img src="pic.svg"><a href="other.html">x</a>
-<a href="https://example.org">ext</a><a href="#top">anchor</a></body></html>"""
-BAD = """<html><body><p>raw $$x^2$$ here</p><img src="missing.png">
-<a href="nowhere.html">x</a></body></html>"""
+GOOD = """<html><body><article><p>fine</p>
+<figure><img src="pic.svg" alt="a black square"><figcaption>A square.</figcaption></figure>
+<a href="other.html">x</a><a href="https://example.org">ext</a><a href="#top">anchor</a>
+<div style="max-width: 100%; overflow-x: auto">
+<table style="width: 3000px"><tr><td>wide</td></tr></table></div>
+</article></body></html>"""
+BAD = (
+    """<html><body><article><p>raw $$x^2$$ here</p><img src="missing.png">
+<figure><img src="pic.svg" alt="pic.svg"></figure>
+<a href="nowhere.html">x</a><pre style="white-space: pre">"""
+    + "x" * 400
+    + """</pre></article></body></html>"""
+)
 SVG = '<svg xmlns="http://www.w3.org/2000/svg" width="4" height="4"><rect width="4" height="4"/></svg>'
 
 
@@ -25,3 +35,6 @@ def test_browser_check_passes_a_good_page_and_flags_a_bad_one(tmp_path):
     assert "missing image missing.png" in problems
     assert "broken internal link nowhere.html" in problems
     assert "raw math" in problems
+    assert "figure pic.svg without alt text" in problems and "figure pic.svg without a caption" in problems
+    assert "figure missing.png without a caption" in problems
+    assert "content wider than the page" in problems

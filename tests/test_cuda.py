@@ -33,8 +33,9 @@ ATOL64 = 1e-11
 #: One configuration per algorithm (with its privacy mechanism on where it has one).
 ALGORITHM_CASES = {
     "fedavg": {}, "fedprox": {}, "scaffold": {}, "feddyn": {}, "moon": {"dropout": 0.2}, "ditto": {},
-    "moon_dpap": {"cosine_lr": True, "prune": True, "dropout": 0.2, "dp": "central", "dp_epsilon": 4.0},
-    "moon_dpap_local": {"algorithm": "moon_dpap", "dp": "local", "dp_epsilon": 4.0},
+    "moon_dpap": {"cosine_lr": True, "prune": True, "dropout": 0.2, "dp": "central",
+                  "dp_epsilon_per_round": 4.0},
+    "moon_dpap_local": {"algorithm": "moon_dpap", "dp": "local", "dp_epsilon_per_round": 4.0},
     "dp_fedavg": {"client_fraction": 0.5, "adaptive_clip": True, "dp_noise_multiplier": 0.5,
                   "clip_count_std": 1.0},
     "ldp_fl": {"model": "mlp"}, "signds_fl": {"model": "mlp"},

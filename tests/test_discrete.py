@@ -161,7 +161,7 @@ def _release(cfg: Config, t: int = 0) -> torch.Tensor:
     "algorithm,field,values",
     [
         ("dp_fedavg", "dp_noise_multiplier", (1.0, 2.0)),
-        ("moon_dpap", "dp_epsilon", (1.0, 4.0)),
+        ("moon_dpap", "dp_epsilon_per_round", (1.0, 4.0)),
     ],
 )
 def test_noise_is_independent_across_configs_and_reproducible(algorithm, field, values):

@@ -62,7 +62,7 @@ def test_fedavg_one_client_equals_plain_sgd():
 @pytest.mark.parametrize(("algorithm", "changes"), [
     ("fedavg", {"dropout": 0.3}), ("scaffold", {}), ("moon", {"dropout": 0.3}), ("ditto", {}),
     ("feddyn", {}), ("moon_dpap", {"cosine_lr": True, "prune": True, "dropout": 0.2, "dp": "central",
-                                   "dp_epsilon": 50.0, "dp_clip": 1.0, "client_fraction": 1.0})])
+                                   "dp_epsilon_per_round": 50.0, "dp_clip": 1.0, "client_fraction": 1.0})])
 def test_paths_and_lanes_agree_in_float64(tmp_path, algorithm, changes):
     cfg = F64.replace(algorithm=algorithm, client_fraction=0.75, lr=0.02, rounds=2, train_samples=320,
                       test_samples=100, min_client_samples=10).replace(**changes)

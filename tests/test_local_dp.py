@@ -159,7 +159,7 @@ def encode(algorithm: str, **kw):
 
 
 def test_fdl_corrected_sends_exactly_k_pairs_and_nothing_else():
-    cfg, algo, up, _, _ = encode("fdl", fdl_mode="corrected", fdl_k=50, ldp_epsilon=1.0)
+    cfg, algo, up, _, _ = encode("fdl", fdl_mode="corrected", fdl_k=50, fdl_epsilon_per_round=1.0)
     assert set(up) == {"mask", "values", "scale"}
     assert (up["mask"].sum(1) == 50).all()
     assert (up["values"][~up["mask"]] == 0).all()
@@ -193,8 +193,8 @@ def test_signds_and_ldp_fl_uploads():
 def test_local_dp_config_errors():
     with pytest.raises(Exception, match="fdl_mode"):
         Config(algorithm="fdl", fdl_mode="typo").validate()
-    with pytest.raises(Exception, match="ldp_epsilon"):
-        Config(algorithm="ldp_fl", ldp_epsilon=0).validate()
+    with pytest.raises(Exception, match="ldp_fl_epsilon_per_coordinate"):
+        Config(algorithm="ldp_fl", ldp_fl_epsilon_per_coordinate=0).validate()
 
 
 def test_corrected_fdl_without_noise_or_sparsity_is_fedavg(tmp_path):
@@ -217,7 +217,8 @@ def test_corrected_fdl_without_noise_or_sparsity_is_fedavg(tmp_path):
     )
     fed = run(base, root=tmp_path / "a", progress=False, device="cpu")
     fdl_cfg = base.replace(
-        algorithm="fdl", fdl_mode="corrected", fdl_k=79_510, ldp_clip=1.0, ldp_epsilon=1e16, fdl_r=0.0
+        algorithm="fdl", fdl_mode="corrected", fdl_k=79_510, ldp_clip=1.0, fdl_epsilon_per_round=1e16,
+        fdl_r=0.0,
     )
     fdl_run = run(fdl_cfg, root=tmp_path / "b", progress=False, device="cpu")
     pa, pb = load_model(fed, tmp_path / "a")[1], load_model(fdl_run, tmp_path / "b")[1]
@@ -234,7 +235,7 @@ def test_signds_moves_each_top_coordinate_with_the_update():
         dataset="mnist",
         model="mlp",
         clients=2,
-        ldp_epsilon=60.0,
+        signds_epsilon_per_round=60.0,
         signds_k=0.1,
         signds_h=5,
         signds_threshold=1.0,

@@ -1,5 +1,5 @@
-"""Results carried over a RESULTS_VERSION bump: kept where the change left them valid, found by
-their notebooks without retraining; removed (to be recomputed) where it did not."""
+"""Results carried over RESULTS_VERSION bumps: kept where the change left them valid (renamed to their
+new key and found by their pages without retraining), removed (to be recomputed) where it did not."""
 
 import json
 
@@ -9,34 +9,59 @@ from fedlib import Config, run
 from fedlib.config import RESULTS_VERSION
 from fedlib.results import Result, result_path
 from fedlib.run import Experiment
-from fedlib.tools.migrate import migrate, written_under
+from fedlib.tools.migrate import key_under, migrate, written_under
 
 
-def _old_result(root, config: Config, version: int) -> None:
-    """A result file as an earlier version wrote it (its key under that version)."""
-    key = config.key(version)
-    d = {"config": config.to_dict(), "history": [{"round": 1, "test_acc": 0.5, "test_loss": 1.0}],
-         "meta": {"config_key": key}}
-    (root / f"{config.algorithm}-{key}.json").write_text(json.dumps(d))
+def _old_result(root, config_dict: dict, version: int) -> str:
+    """A result file as an earlier version wrote it: its config dict then, its key then."""
+    key = key_under(config_dict, version)
+    d = {
+        "config": config_dict,
+        "history": [{"round": 1, "test_acc": 0.5, "test_loss": 1.0}],
+        "meta": {"config_key": key},
+    }
+    (root / f"{config_dict['algorithm']}-{key}.json").write_text(json.dumps(d))
     (root / "models").mkdir(exist_ok=True)
     (root / "models" / f"{key}.pt").write_bytes(b"weights")
+    return key
 
 
-def test_migration_keeps_unaffected_and_removes_affected_results(tmp_path, monkeypatch):
+def _v2_dict(config: Config, **old_fields) -> dict:
+    """``config`` as a version-2 dict: the renamed fields back under their old names."""
+    d = config.to_dict()
+    for new in (
+        "dp_epsilon_per_round",
+        "dp_epsilon_total",
+        "ldp_fl_epsilon_per_coordinate",
+        "signds_epsilon_per_round",
+        "fdl_epsilon_per_draw",
+        "fdl_epsilon_per_round",
+    ):
+        d.pop(new)
+    return {**d, "dp_epsilon": 1.0, "ldp_epsilon": 0.5, **old_fields}
+
+
+def test_migration_keeps_unaffected_results_and_renames_old_fields(tmp_path, monkeypatch):
     plain = Config(clients=4, train_samples=600, test_samples=300, rounds=1, min_client_samples=20)
     private = plain.replace(algorithm="dp_fedavg", dp_noise_multiplier=1.0)
     no_noise = plain.replace(algorithm="dp_fedavg", dp_noise_multiplier=0.0, dp_clip=1e9)
-    for c in (plain, private, no_noise):
-        _old_result(tmp_path, c, RESULTS_VERSION - 1)
-    assert written_under(plain, plain.key(RESULTS_VERSION - 1)) == RESULTS_VERSION - 1
+    constant = plain.replace(
+        algorithm="moon_dpap", dp="central", dp_schedule="constant", dp_epsilon_total=8.0
+    )
+    signds = plain.replace(algorithm="signds_fl", signds_epsilon_per_round=0.25, model="mlp")
+    _old_result(tmp_path, _v2_dict(plain), 1)  # v1, no noise: kept
+    _old_result(tmp_path, _v2_dict(private), 1)  # v1 with noise: removed
+    _old_result(tmp_path, _v2_dict(no_noise), 2)  # v2: renamed only
+    _old_result(tmp_path, _v2_dict(constant, dp_epsilon=8.0), 2)  # v2 budget -> total
+    _old_result(tmp_path, _v2_dict(signds, ldp_epsilon=0.25, model="mlp"), 2)  # v2 ldp -> per round
+    assert written_under(_v2_dict(plain), key_under(_v2_dict(plain), 1)) == 1
     report = migrate(tmp_path)
-    assert len(report["kept"]) == 2 and len(report["removed"]) == 1
-    for c in (plain, no_noise):
+    assert len(report["kept"]) == 4 and len(report["removed"]) == 1 and not report["unknown"]
+    for c in (plain, no_noise, constant, signds):
         r = Result.load(result_path(c, tmp_path))
-        assert r.meta["config_key"] == c.key() and r.meta["migrated_from"] == c.key(RESULTS_VERSION - 1)
+        assert r.config == c and r.meta["config_key"] == c.key()
         assert (tmp_path / "models" / f"{c.key()}.pt").read_bytes() == b"weights"
     assert not result_path(private, tmp_path).exists()
-    assert not (tmp_path / "models" / f"{private.key(RESULTS_VERSION - 1)}.pt").exists()
 
     def boom(*a, **k):
         raise AssertionError("a migrated result must be found without training")
@@ -45,4 +70,5 @@ def test_migration_keeps_unaffected_and_removes_affected_results(tmp_path, monke
     assert run(plain, root=tmp_path, progress=False).history[0]["test_acc"] == 0.5
     with pytest.raises(AssertionError, match="without training"):
         run(private, root=tmp_path, progress=False)
-    assert migrate(tmp_path)["current"]  # a second pass changes nothing
+    assert len(migrate(tmp_path)["current"]) == 4  # a second pass changes nothing
+    assert RESULTS_VERSION == 3

@@ -10,8 +10,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from fedlib.browser_check import check_book, find_chromium
-from fedlib.notebooks import CHAPTERS, NOTEBOOKS, execute_timed, ordered
+from fedlib.tools.browser_check import check_book, find_chromium
+from fedlib.tools.notebooks import CHAPTERS, NOTEBOOKS, execute_timed, ordered, parameters_of
+from studies.claims import Verdict
 
 SOURCES = ordered(list(NOTEBOOKS.glob("*.ipynb")))
 BOOK = CHAPTERS.parent
@@ -23,6 +24,59 @@ def test_there_are_notebooks_and_each_has_one_parameters_cell():
         nb = nbformat.read(src, as_version=4)
         tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
         assert len(tagged) == 1 and "profile" in tagged[0].source, src.name
+        assert all(p["meaning"] for p in parameters_of(src)), f"{src.name}: a parameter without a comment"
+
+
+#: Pages that only read the ledger (filter its rows by class); every other page computes findings.
+LEDGER_READERS = {"ledger", "summary"}
+
+
+def test_no_notebook_holds_a_verdict_rule():
+    """Verdicts come from the studies' claims modules: no notebook builds a Finding or a Verdict,
+    compares against a verdict class, or writes a verdict as a literal string."""
+    import ast
+
+    classes = {v.value for v in Verdict}
+    for src in SOURCES:
+        nb = nbformat.read(src, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type != "code":
+                continue
+            tree = ast.parse(cell.source)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    text = node.value.strip().lower()
+                    assert not any(text == v or text.startswith(v + ":") for v in classes), (
+                        f"{src.name}: literal verdict {node.value!r}"
+                    )
+                if isinstance(node, ast.Name) and node.id in ("Finding", "Verdict"):
+                    assert src.stem in LEDGER_READERS, (
+                        f"{src.name}: uses {node.id} (a rule belongs in claims.py)"
+                    )
+
+
+def test_a_rerun_outside_the_book_changes_no_tracked_file(tmp_path, monkeypatch):
+    """A rerun with other parameters, as the rerun page says, writes to the scratch folder."""
+    monkeypatch.delenv("FEDLIB_RESULTS_DIR", raising=False)
+    monkeypatch.setenv("FEDLIB_SCRATCH_DIR", str(tmp_path / "scratch"))
+    root = Path(__file__).resolve().parents[1]
+
+    def status() -> str:
+        return subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=all", "--", "data", "book"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        ).stdout
+
+    before = status()
+    for stem in ("fdl_privacy", "dpfl_setting"):
+        execute_timed(
+            NOTEBOOKS / f"{stem}.ipynb", tmp_path / f"{stem}.ipynb", {"profile": "smoke"}, into_book=False
+        )
+    assert status() == before
+    assert (tmp_path / "scratch" / "verdicts" / "fdl_privacy.json").exists()
+    assert list((tmp_path / "scratch" / "results").glob("dp_fedavg-*.json"))
 
 
 @pytest.fixture(scope="session")
@@ -56,10 +110,35 @@ def test_notebook_runs_under_smoke(src: Path, smoke_book):
     book, errors = smoke_book
     assert errors[src.stem] is None, errors[src.stem]
     done = nbformat.read(book / "chapters" / src.name, as_version=4)
-    assert not [o for c in done.cells if c.cell_type == "code" for o in c.get("outputs", [])
-                if o.output_type == "error"]
+    assert not [
+        o
+        for c in done.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.output_type == "error"
+    ]
     injected = [c for c in done.cells if "injected-parameters" in c.metadata.get("tags", [])]
     assert injected and all("remove-cell" in c.metadata["tags"] for c in injected)
+
+
+#: Pages whose findings are analytic (accounting, proofs, the scope of the article): they hold at
+#: any profile, so a smoke run may state them.
+ANALYTIC_PAGES = {"dpfl_composition", "fdl_privacy", "dpfl_setting"}
+
+
+@pytest.mark.slow
+def test_smoke_runs_issue_no_evidential_verdict(smoke_book):
+    """A page trained at the smoke profile says nothing about a paper: every finding of a training
+    page is 'not evaluated' (or a sanity check, or not testable); every row has one class."""
+    from studies import ledger
+    from studies.claims import EVIDENCE
+
+    book, errors = smoke_book
+    table = ledger.collect(book.parent / "data" / "verdicts")
+    assert len(table) > 20 and set(table["profile"]) == {"smoke"}
+    trained = table[~table["page"].isin(ANALYTIC_PAGES)]
+    assert not trained["verdict"].isin(EVIDENCE).any(), trained[trained["verdict"].isin(EVIDENCE)]
+    assert table["verdict"].map(type).eq(Verdict).all()
 
 
 @pytest.mark.slow
@@ -69,8 +148,9 @@ def test_smoke_book_builds_and_renders_in_a_browser(smoke_book):
     book, errors = smoke_book
     assert not any(errors.values()), "some notebooks failed; see test_notebook_runs_under_smoke"
     jb = Path(sys.executable).with_name("jupyter-book")
-    build = subprocess.run([str(jb), "build", "-W", "-n", "--keep-going", str(book)], capture_output=True,
-                           text=True, timeout=900)
+    build = subprocess.run(
+        [str(jb), "build", "-W", "-n", "--keep-going", str(book)], capture_output=True, text=True, timeout=900
+    )
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     if find_chromium() is None:
         pytest.skip("Chromium not installed (apt-get install chromium); .ci/run installs it")

@@ -124,7 +124,7 @@ def test_accountant_agrees_with_opacus_for_a_fixed_schedule():
 
 
 def test_paper_schedule_total_epsilon_matches_reference():
-    cfg = Config(algorithm="moon_dpap", dp="central", dp_epsilon=1.0, rounds=200)
+    cfg = Config(algorithm="moon_dpap", dp="central", dp_epsilon_per_round=1.0, rounds=200)
     zs = noise_multipliers(cfg)
     assert len(zs) == 200 and zs == sorted(zs)  # noise grows as epsilon(t) shrinks
     # With the paper's classic eq. 4 multipliers the exact total is 8.15 (research note);
@@ -134,12 +134,13 @@ def test_paper_schedule_total_epsilon_matches_reference():
     assert gdp_epsilon(classic, 1e-5) == pytest.approx(8.15, abs=0.05)  # exact, continuous noise
     assert total_epsilon(classic, 1e-5) == pytest.approx(8.76, abs=0.1)  # RDP (the note: 8.76)
     assert total_epsilon(zs, 1e-5) > gdp_epsilon(zs, 1e-5) > 8.15
-    const = noise_multipliers(cfg.replace(dp_schedule="constant", dp_epsilon=8.0))
+    const = noise_multipliers(cfg.replace(dp_schedule="constant", dp_epsilon_total=8.0))
     assert len(set(const)) == 1 and total_epsilon(const, 1e-5) == pytest.approx(8.0, abs=1e-3)
 
 
 def _dpap(dp, **kw):
-    cfg = Config(algorithm="moon_dpap", dp=dp, clients=4, dp_clip=0.5, dp_epsilon=1.0, rounds=10, **kw)
+    cfg = Config(algorithm="moon_dpap", dp=dp, clients=4, dp_clip=0.5, dp_epsilon_per_round=1.0, rounds=10,
+                 **kw)
     return ALGORITHMS["moon_dpap"](cfg, torch.nn.Linear(1, 1))
 
 

@@ -32,7 +32,7 @@ import torch
 from fedlib import Config
 from fedlib.algorithms import dp_fedavg, fdl, ldp_fl, moon_dpap, signds_fl
 from fedlib.algorithms.base import RoundContext
-from fedlib.privacy import central, local
+from fedlib.privacy import central, dpsgd, local
 from fedlib.privacy.audit import clopper_pearson, epsilon_lower_bound
 
 ALPHA = 1e-6
@@ -85,6 +85,31 @@ def moon_dpap_local(mod=moon_dpap, z=2.0):
     return outs[0], outs[1], gaussian_claim(z), DELTA
 
 
+def moon_dpap_record(mod=moon_dpap, z=2.0):
+    """One DP-SGD step through ``MoonDpap.loss_and_grad`` with the algorithm's own step noise,
+    N independent trials at once (``vmap``): under D the batch holds one record whose gradient
+    (+5, one parameter) is clipped to C, under D' it holds none (add/remove one record). The loss
+    is a stub whose per-sample gradient is the record's ``x``; everything else is the call site."""
+    cfg = Config(algorithm="moon_dpap", dp="record", dp_schedule="constant", clients=2, dp_clip=1.0,
+                 batch_size=4, rounds=4)
+    algo = mod.MoonDpap(cfg, torch.nn.Linear(1, 1))
+    algo.record = {"sigma": z, "q": 1.0, "steps": 1, "per_client_epsilon": []}
+    algo.loss = lambda p, b, *_: (p["w"] * b["x"][:, 0]).sum()
+    algo.frozen_reprs = lambda *_: {}
+    params = {"w": torch.zeros(1, dtype=torch.float64)}
+    ctx = RoundContext(0, params, algo.hyper(0), {})
+    noise = algo.step_noise(0, {"w": torch.zeros(N, dtype=torch.float64)})
+    outs = []
+    for step, w in ((0, 1.0), (1, 0.0)):
+        n = noise.draw(0, step)["w"][:, None]
+        batch = {"x": torch.full((N, 1, 1), 5.0, dtype=torch.float64),
+                 "y": torch.zeros(N, 1, dtype=torch.long),
+                 "w": torch.full((N, 1), w, dtype=torch.float64), "noise": {"w": n}}
+        g = torch.func.vmap(lambda b: algo.loss_and_grad(params, b, {}, {}, ctx)[0]["w"])(batch)
+        outs.append((g[:, 0] * cfg.batch_size).numpy())
+    return outs[0], outs[1], gaussian_claim(z), DELTA
+
+
 def dp_fedavg_sum(mod=dp_fedavg, z=2.0):
     cfg = Config(
         algorithm="dp_fedavg", clients=2, client_fraction=1.0, dp_clip=1.0, dp_noise_multiplier=z, rounds=4
@@ -109,7 +134,7 @@ def _encode(cls, cfg: Config, rows: torch.Tensor, t: int):
 
 
 def ldp_fl_coordinate(mod=ldp_fl, eps=1.0):
-    cfg = Config(algorithm="ldp_fl", clients=2, ldp_epsilon=eps, ldp_clip=0.01)
+    cfg = Config(algorithm="ldp_fl", clients=2, ldp_fl_epsilon_per_coordinate=eps, ldp_clip=0.01)
     a = _encode(mod.LdpFl, cfg, torch.full((N, 1), 0.01), 0)["values"][:, 0].numpy()
     b = _encode(mod.LdpFl, cfg, torch.full((N, 1), -0.01), 1)["values"][:, 0].numpy()
     return a, b, eps, 0.0
@@ -117,7 +142,8 @@ def ldp_fl_coordinate(mod=ldp_fl, eps=1.0):
 
 def signds_selection(mod=signds_fl, eps=2.0, n=50_000):
     cfg = Config(
-        algorithm="signds_fl", clients=2, ldp_epsilon=eps, signds_k=0.1, signds_h=3, signds_threshold=0.6
+        algorithm="signds_fl", clients=2, signds_epsilon_per_round=eps, signds_k=0.1, signds_h=3,
+        signds_threshold=0.6,
     )
     d = 20
     base = torch.zeros(d)
@@ -137,7 +163,7 @@ def fdl_selection(mod=fdl, eps=6.0, n=200_000):
         algorithm="fdl",
         fdl_mode="corrected",
         clients=2,
-        ldp_epsilon=eps,
+        fdl_epsilon_per_round=eps,
         ldp_clip=1.0,
         fdl_r=1.0,
         fdl_k=2,
@@ -154,7 +180,8 @@ def fdl_selection(mod=fdl, eps=6.0, n=200_000):
 
 def fdl_values(mod=fdl, eps=4.0):
     cfg = Config(
-        algorithm="fdl", fdl_mode="corrected", clients=2, ldp_epsilon=eps, ldp_clip=1.0, fdl_k=1, model="mlp"
+        algorithm="fdl", fdl_mode="corrected", clients=2, fdl_epsilon_per_round=eps, ldp_clip=1.0, fdl_k=1,
+        model="mlp",
     )
     a = _encode(mod.Fdl, cfg, torch.ones(N, 1), 0)["values"][:, 0].numpy()
     b = _encode(mod.Fdl, cfg, -torch.ones(N, 1), 1)["values"][:, 0].numpy()
@@ -165,6 +192,7 @@ def fdl_values(mod=fdl, eps=4.0):
 HARNESSES = {
     "moon_dpap_central": moon_dpap_central,
     "moon_dpap_local": moon_dpap_local,
+    "moon_dpap_record": moon_dpap_record,
     "dp_fedavg_sum": dp_fedavg_sum,
     "ldp_fl_coordinate": ldp_fl_coordinate,
     "signds_selection": signds_selection,
@@ -186,6 +214,12 @@ MUTATIONS = {
         'ctx.hyper["noise_multiplier"], seeds',
         '0.5 * ctx.hyper["noise_multiplier"], seeds',
     ),
+    "moon_dpap record: half the step noise": (
+        "moon_dpap_record",
+        moon_dpap,
+        'self.record["sigma"] * self.config.dp_clip',
+        '0.5 * self.record["sigma"] * self.config.dp_clip',
+    ),
     "dp_fedavg: half the noise": (
         "dp_fedavg_sum",
         dp_fedavg,
@@ -195,14 +229,14 @@ MUTATIONS = {
     "ldp_fl: twice the budget": (
         "ldp_fl_coordinate",
         ldp_fl,
-        "c.ldp_epsilon, generator_for(*seed)",
-        "2 * c.ldp_epsilon, generator_for(*seed)",
+        "c.ldp_fl_epsilon_per_coordinate, generator_for(*seed)",
+        "2 * c.ldp_fl_epsilon_per_coordinate, generator_for(*seed)",
     ),
     "signds_fl: twice the budget": (
         "signds_selection",
         signds_fl,
-        "c.ldp_epsilon, rng_for(*seed)",
-        "2 * c.ldp_epsilon, rng_for(*seed)",
+        "c.signds_epsilon_per_round, rng_for(*seed)",
+        "2 * c.signds_epsilon_per_round, rng_for(*seed)",
     ),
     "fdl: the selection budget spent k times": (
         "fdl_selection",
@@ -244,6 +278,23 @@ def test_audit_catches_a_mutated_central_mechanism(monkeypatch, old, new):
     for harness in (moon_dpap_central, dp_fedavg_sum):
         a, b, claim, delta = harness()
         assert epsilon_lower_bound(a, b, delta=delta, alpha=ALPHA).epsilon_lower_bound > claim
+
+
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        ("clip / norms.clamp_min(clip)", "2 * clip / norms.clamp_min(clip)"),  # clipped to 2C
+        ("(summed[k] + noise[k])", "(summed[k] + 0.5 * noise[k])"),  # half the noise
+    ],
+)
+def test_audit_catches_a_mutated_dpsgd_step(monkeypatch, old, new):
+    """DP-SGD's clip and noise, mutated in :mod:`fedlib.privacy.dpsgd`: the record-level audit
+    (through MOON-DPAP's call site) notices. (The divisor B is not a privacy parameter: scaling
+    the released gradient changes no likelihood ratio, so no mutation of it is listed.)"""
+    mutant = mutated(dpsgd, old, new)
+    monkeypatch.setattr(moon_dpap, "private_grad", mutant.private_grad)
+    a, b, claim, delta = moon_dpap_record()
+    assert epsilon_lower_bound(a, b, delta=delta, alpha=ALPHA).epsilon_lower_bound > claim
 
 
 def test_audit_catches_a_mutated_laplace_scale(monkeypatch):

@@ -96,8 +96,9 @@ def test_client_fraction_samples_subset(tmp_path):
 def test_cli_json_line(tmp_path):
     env = {**os.environ, "FEDLIB_RESULTS_DIR": str(tmp_path)}
     out = subprocess.run(
-        [sys.executable, "-m", "fedlib", "run", "--apply-profile", "smoke", "--rounds", "2",
-         "--seed", "3", "--engine", "parallel", "--device", "cpu", "--json", "--no-progress"],
+        [sys.executable, "-m", "fedlib", "run", "--clients", "4", "--train-samples", "320",
+         "--test-samples", "100", "--min-client-samples", "10", "--rounds", "2", "--seed", "3",
+         "--engine", "parallel", "--device", "cpu", "--json", "--no-progress"],
         capture_output=True, text=True, env=env, check=True, timeout=300)
     line = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(line) >= {"test_acc", "test_loss", "result_path", "config_key"}

@@ -1,4 +1,4 @@
-"""The DP-FL and FDL study modules: configs, calibration, fits and verdict logic."""
+"""The study packages: configs per profile, calibration, fits, and the configs every page needs."""
 
 import math
 
@@ -6,58 +6,110 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import studies
 from fedlib.config import ConfigError
-from fedlib.experiments import dpfl, fdl
+from studies.common import Scale, seeds_for
+from studies.dpfl import pages as dpfl_pages
+from studies.dpfl import settings as dpfl
+from studies.fdl import pages as fdl_pages
+from studies.fdl import settings as fdl
+from studies.moon_dpap import settings as moon_dpap
+
+
+def test_moon_dpap_config_applies_paper_setting_choices_and_profile():
+    full = moon_dpap.config_for("moon_dpap", "paper", seed=2)
+    assert (full.algorithm, full.lr, full.batch_size, full.clients, full.rounds) == (
+        "moon_dpap",
+        0.005,
+        32,
+        20,
+        200,
+    )
+    assert full.cosine_lr and full.prune and full.dropout > 0 and full.seed == 2 and full.profile == "paper"
+    quick = moon_dpap.config_for("fedavg", "quick", clients=10)
+    assert quick.algorithm == "fedavg" and not quick.prune and quick.clients == 10
+    assert (quick.rounds, quick.train_samples, quick.profile) == (20, 4_000, "quick")
+    smoke = moon_dpap.config_for("moon_dpap", "smoke", clients=20).validate()
+    assert smoke.clients == 4 and smoke.rounds == 2  # caps
+    for v in moon_dpap.ABLATIONS.values():
+        moon_dpap.config_for("moon_dpap", "smoke", **v).validate()
+    assert seeds_for(moon_dpap.SCALES, "paper") == [0, 1, 2] and seeds_for(moon_dpap.SCALES, "quick", 2) == [
+        0,
+        1,
+    ]
+    with pytest.raises(ConfigError, match="unknown profile"):
+        moon_dpap.config_for("fedavg", "huge")
+
+
+def test_scale_sets_and_caps():
+    s = Scale("x", seeds=2, overrides={"train_samples": 100}, caps={"rounds": 5})
+    c = s.apply(moon_dpap.PAPER_SETTING, "quick")
+    assert (c.train_samples, c.rounds, c.profile) == (100, 5, "quick")
+    assert s.apply(moon_dpap.PAPER_SETTING.replace(rounds=3), "quick").rounds == 3  # below the cap: kept
 
 
 def test_dpfl_config_spends_the_target_epsilon():
+    from fedlib.privacy.accounting import rdp_epsilon
+
     c = dpfl.config_for("quick", 1.0)
     assert c.algorithm == "dp_fedavg" and c.clients == 1000 and c.client_fraction == 0.1
-    rdp = dpfl.true_epsilon(c, "rdp")
-    assert rdp == pytest.approx(1.0, rel=2e-3)
-    assert dpfl.true_epsilon(c, "pld") <= rdp  # PLD is tighter
-    assert dpfl.true_epsilon(dpfl.config_for("quick", None)) == math.inf
-    with pytest.raises(ConfigError):
-        dpfl.scale("nonsense")
+    spent = rdp_epsilon([c.dp_noise_multiplier] * c.rounds, c.dp_delta, q=c.client_fraction)
+    assert 0.999 < spent <= 1.0  # z rounded up: never more than the target
+    assert dpfl_pages.true_epsilon(c, "pld") <= spent  # PLD (continuous noise) is tighter
+    assert dpfl_pages.true_epsilon(dpfl.config_for("quick", None)) == math.inf
+
+
+def test_mia_config_is_calibrated_for_replacing_one_client():
+    c = dpfl.mia_config("quick", 2.0)
+    assert c.client_fraction == 1.0
+    assert dpfl_pages.replace_one_epsilon(c) == pytest.approx(2.0, rel=1e-3)
+    assert dpfl_pages.true_epsilon(c, "rdp") < 2.0  # add/remove spends less for the same noise
 
 
 def test_compare_fits_prefers_the_true_model():
     eps = np.repeat(np.array(dpfl.EPSILONS), 3)
     rng = np.random.default_rng(0)
-    acc = dpfl.sigmoid_model(eps, 10, 80, 0.0, 0.5) + rng.normal(0, 0.3, len(eps))
-    fits = dpfl.compare_fits(pd.DataFrame({"epsilon": eps, "acc": acc}))
+    acc = dpfl_pages.sigmoid_model(eps, 10, 80, 0.0, 0.5) + rng.normal(0, 0.3, len(eps))
+    fits = dpfl_pages.compare_fits(pd.DataFrame({"epsilon": eps, "acc": acc}))
     logistic = fits.loc["logistic in log eps"]
     assert logistic["rmse"] < 0.6
     assert logistic["held_out_rmse"] < fits.iloc[0]["held_out_rmse"]
     assert np.allclose(logistic["params"][:2], [10, 80], atol=2)
 
 
-def test_clipping_verdict():
-    s = pd.Series({"fixed C = 0.1": 50.0, "fixed C = 1": 60.0, "fixed C = 10": 40.0, "adaptive": 62.0})
-    v = dpfl.clipping_verdict(s)
-    assert v["median"] == pytest.approx(100 * (62 - 50) / 50)
-    assert v["best"] == pytest.approx(100 * 2 / 60) and v["verdict"] == "reproduced"
-    assert dpfl.clipping_verdict(s.replace(62.0, 45.0))["verdict"] == "not reproduced"
-
-
 def test_fdl_configs_and_published_privacy():
     c = fdl.config_for("fdl_corrected", "paper", partition="noniid", epsilon=0.25)
-    got = (c.algorithm, c.fdl_mode, c.partition, c.ldp_epsilon, c.model)
+    got = (c.algorithm, c.fdl_mode, c.partition, c.fdl_epsilon_per_round, c.model)
     assert got == ("fdl", "corrected", "shards", 0.25, "mcmahan_cnn")
+    assert fdl.config_for("ldp_fl", "quick", epsilon=0.1).ldp_fl_epsilon_per_coordinate == 0.1
     assert fdl.config_for("noldp", "quick").algorithm == "fedavg"
-    t = fdl.published_privacy(1000, 0.5).set_index("method")
+    t = fdl_pages.published_privacy(1000, 0.5).set_index("method")
     assert t.loc["LDP-FL"].iloc[1] == 500.0 and t.loc["FDL as published"].iloc[1] == math.inf
     assert t.loc["SignDS-FL"].iloc[1] == 0.5 and t.loc["FDL corrected"].iloc[1] == 0.5
 
 
-def test_ledger_classes():
-    from fedlib.ledger import classify
+def test_choices_cover_the_unspecified_settings():
+    named = " ".join(str(c[0]) for c in moon_dpap.CHOICES)
+    for setting in ("alpha", "clip", "delta", "epsilon_0", "tau", "mu", "T_min", "neighbouring"):
+        assert setting in named
 
-    assert classify("reproduced") == "reproduced"
-    assert classify("reproduced (valid but loose): below the bound") == "reproduced"
-    assert classify("reproduced in trend; peak not reproduced") == "partly"
-    assert classify("partly: by less than 15 %") == "partly"
-    assert classify("valid but loose") == "partly"
-    assert classify("not reproduced: the overhead is much smaller") == "not reproduced"
-    assert classify("not comparable at this profile") == "not testable as specified"
-    assert classify("not reproducible as specified: no epsilon_0") == "not testable as specified"
+
+def test_every_page_lists_valid_configs_at_every_profile():
+    for profile in ("smoke", "quick", "paper"):
+        per_page = studies.configs(profile)
+        assert set(per_page) == set(studies.pages())
+        for page, cs in per_page.items():
+            assert cs, page
+            for c in cs:
+                c.validate()
+                assert c.profile == profile, page
+
+
+def test_federation_sizes_hold_data_fixed_and_give_every_point_a_baseline():
+    fs = dpfl_pages.federation_sizes("quick", 1)
+    fixed = {n: cs[0].n_train for (v, n, e), cs in fs.items() if v == "same total data"}
+    assert len(set(fixed.values())) == 1
+    per_client = {n: cs[0].n_train / n for (v, n, e), cs in fs.items() if v == "60 images per client"}
+    assert set(per_client.values()) == {60.0}
+    for v, n, _ in fs:
+        assert (v, n, None) in fs  # a non-private twin

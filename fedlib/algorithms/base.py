@@ -31,6 +31,7 @@ from torch.func import functional_call, grad_and_value
 
 from fedlib.config import Config
 from fedlib.privacy.guarantee import GaussianEvent, Guarantee, PureEvent
+from fedlib.privacy.noise import StepNoise
 from fedlib.streams import Stream
 from fedlib.tree import Tree, numel, tmap
 
@@ -89,10 +90,17 @@ class Algorithm:
     name: ClassVar[str] = "base"
     #: Whether the model needs MOON's projection head.
     uses_projection_head: ClassVar[bool] = False
+    #: The algorithm-specific config fields this algorithm reads (each marked with it as owner).
+    fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: Config, model: nn.Module):
         self.config = config
         self.model = model
+
+    @classmethod
+    def check(cls, config: Config) -> list[str]:
+        """Problems with this algorithm's own fields (run by ``Config.validate``)."""
+        return []
 
     # ---- per-round hyperparameters (host side) -------------------------------------
     def hyper(self, t: int) -> dict[str, float]:
@@ -110,6 +118,19 @@ class Algorithm:
     def broadcast(self, server_state: Tree) -> Tree:
         """What clients receive besides the global model (e.g. SCAFFOLD's control variate)."""
         return {}
+
+    def bind_clients(self, sizes: list[int]) -> None:
+        """Called once by the run, before training, with each client's number of training
+        samples (record-level DP calibrates its noise from them). Nothing here."""
+
+    def poisson_records(self) -> bool:
+        """Whether clients draw their minibatches by Poisson sampling of their records (record-level
+        DP-SGD, :func:`fedlib.engine.make_poisson_plan`) instead of shuffled epochs."""
+        return False
+
+    def step_noise(self, t: int, like: Params) -> StepNoise | None:
+        """The noise of every local step in round ``t`` (record-level DP-SGD), or None."""
+        return None
 
     def sample_clients(self, t: int) -> list[int]:
         """Clients of round ``t`` (default: a fixed-size sample, see ``client_fraction``)."""
@@ -198,6 +219,10 @@ class Algorithm:
         """The privacy statement this run makes (None: no privacy mechanism)."""
         return None
 
+    def privacy_details(self) -> dict[str, Any]:
+        """What a result records about its calibration besides the guarantee (JSON-able)."""
+        return {}
+
     def privacy_event(self, ctx: RoundContext) -> GaussianEvent | PureEvent | None:
         """What round ``ctx.t`` spent, for the run's accountant (see :mod:`fedlib.privacy.guarantee`)."""
         return None
@@ -209,10 +234,10 @@ class Algorithm:
         parts = (int(self.config.key(), 16), int(stream), t)
         return parts if client is None else (*parts, client)
 
-    def extra_metrics(self, experiment, final: bool) -> dict[str, float]:
-        """Metrics beyond the global model's test accuracy and loss (e.g. personalisation);
-        ``final`` is true at the last round."""
-        return {}
+    def personal_models(self, client_states: Tree) -> Tree | None:
+        """Each client's own model (stacked over clients) for personalised algorithms, else None;
+        the run reports their personalised accuracy at the last round."""
+        return None
 
     # ---- server -----------------------------------------------------------------------
     def server_update(self, gparams: Params, server_state: Tree, uploads: Tree,

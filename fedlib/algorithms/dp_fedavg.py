@@ -39,15 +39,35 @@ from fedlib.streams import Stream
 from fedlib.tree import Tree
 
 
+def count_std(config: Config) -> float:
+    """sigma_b, the noise on adaptive clipping's count: as set, or Andrew et al.'s default qN / 20."""
+    return config.clip_count_std or config.client_fraction * config.clients / 20
+
+
 class DpFedAvg(Algorithm):
     name = "dp_fedavg"
+    fields = ("dp_noise_multiplier", "adaptive_clip", "clip_quantile", "clip_lr", "clip_count_std", "dp_clip",
+              "dp_delta", "secure_noise")
+
+    @classmethod
+    def check(cls, config: Config) -> list[str]:
+        c, errs = config, []
+        if not c.dp_clip > 0 or not 0 < c.dp_delta < 1 or c.dp_noise_multiplier < 0:
+            errs.append("DP-FedAvg needs dp_clip > 0, 0 < dp_delta < 1, dp_noise_multiplier >= 0")
+        if not 0 < c.clip_quantile < 1 or not c.clip_lr > 0 or c.clip_count_std < 0:
+            errs.append("adaptive clipping needs 0 < clip_quantile < 1, clip_lr > 0, clip_count_std >= 0")
+        z, sigma_b = c.dp_noise_multiplier, count_std(c)
+        if c.adaptive_clip and z > 0 and not z < 2 * sigma_b:
+            errs.append(f"adaptive clipping needs dp_noise_multiplier < 2 clip_count_std = {2 * sigma_b:.3g} "
+                        "(Andrew et al. 2021, Thm 1); raise clip_count_std")
+        return errs
 
     def __init__(self, config: Config, model):
         super().__init__(config, model)
         c = config
         self.q = c.client_fraction
         self.expected = self.q * c.clients
-        self.sigma_b = c.clip_count_std or self.expected / 20
+        self.sigma_b = count_std(c)
         self.adaptive = (AdaptiveClipping(c.clip_quantile, c.clip_lr, self.sigma_b) if c.adaptive_clip
                          else None)
         z = c.dp_noise_multiplier

@@ -44,6 +44,26 @@ from fedlib.streams import Stream
 class Fdl(SparseUpload):
     name = "fdl"
     stream = Stream.FDL
+    fields = ("fdl_mode", "fdl_epsilon_per_draw", "fdl_epsilon_per_round", "ldp_clip", "fdl_r", "fdl_th",
+              "fdl_k",
+              "fdl_selection_share", "secure_noise")
+
+    @classmethod
+    def check(cls, config) -> list[str]:
+        c, errs = config, []
+        if c.fdl_mode not in ("as_published", "corrected"):
+            errs.append(f"fdl_mode must be as_published or corrected, got {c.fdl_mode!r}")
+        if not c.fdl_r >= 0:
+            errs.append(f"fdl_r must be >= 0, got {c.fdl_r}")
+        if c.fdl_mode == "as_published":
+            if not c.fdl_epsilon_per_draw > 0 or not 0 < c.fdl_th <= 1:
+                errs.append("FDL as published needs fdl_epsilon_per_draw > 0 and 0 < fdl_th <= 1")
+        elif c.fdl_mode == "corrected":
+            if not c.fdl_epsilon_per_round > 0 or not c.ldp_clip > 0 or c.fdl_k < 1:
+                errs.append("corrected FDL needs fdl_epsilon_per_round > 0, ldp_clip > 0 and fdl_k >= 1")
+            if not 0 < c.fdl_selection_share < 1:
+                errs.append(f"fdl_selection_share must be in (0, 1), got {c.fdl_selection_share}")
+        return errs
 
     @property
     def mechanism(self) -> str:  # type: ignore[override]
@@ -64,13 +84,13 @@ class Fdl(SparseUpload):
         kept = v.abs() > c.fdl_r
         n_kept = kept.sum(1)
         th = torch.floor(c.fdl_th * n_kept.double()).long()
-        logw = exponential_mechanism_log_weights(1.0 + v.abs(), c.ldp_epsilon)
+        logw = exponential_mechanism_log_weights(1.0 + v.abs(), c.fdl_epsilon_per_draw)
         logw = torch.where(kept, logw, torch.full_like(logw, -math.inf))
         idx = gumbel_top_k(logw, int(th.max()), g)
         mask = mask_of(idx, v.shape[1], th)
-        values = laplace_values(v, mask, 2.0 / c.ldp_epsilon, g)
+        values = laplace_values(v, mask, 2.0 / c.fdl_epsilon_per_draw, g)
         th_mean = float(th.double().mean())
-        claims = fdl_published_epsilon(c.ldp_epsilon, round(th_mean))
+        claims = fdl_published_epsilon(c.fdl_epsilon_per_draw, round(th_mean))
         stats = {"kept_frac": float(n_kept.double().mean()) / self.dims, "th_mean": th_mean,
                  "epsilon_nominal": claims["nominal"],
                  "epsilon_composed_ignoring_filter": claims["composed_ignoring_filter"]}
@@ -94,9 +114,10 @@ class Fdl(SparseUpload):
         return min(self.config.fdl_k, dims)
 
     def split(self) -> tuple[float, float]:
-        """(epsilon of the selection, epsilon of the values): their sum is ``ldp_epsilon``."""
+        """(epsilon of the selection, epsilon of the values): their sum is ``fdl_epsilon_per_round``."""
         c = self.config
-        return c.fdl_selection_share * c.ldp_epsilon, (1 - c.fdl_selection_share) * c.ldp_epsilon
+        eps, share = c.fdl_epsilon_per_round, c.fdl_selection_share
+        return share * eps, (1 - share) * eps
 
     def selection_epsilon_per_draw(self, k: int) -> float:
         """Each of the k draws spends ``eps_sel / k``; by composition the selection spends ``eps_sel``."""

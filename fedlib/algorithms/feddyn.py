@@ -18,6 +18,12 @@ from fedlib.tree import Tree, sq_norm, tmap
 
 class FedDyn(Algorithm):
     name = "feddyn"
+    fields = ("feddyn_alpha",)
+
+    @classmethod
+    def check(cls, config) -> list[str]:
+        a = config.feddyn_alpha
+        return [] if a > 0 else [f"feddyn_alpha must be > 0 (the server divides by it), got {a}"]
 
     def init_server_state(self, gparams: Params) -> Tree:
         return {"h": tmap(torch.zeros_like, gparams)}

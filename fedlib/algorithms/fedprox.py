@@ -13,6 +13,11 @@ from fedlib.tree import Tree, sq_norm, tmap
 
 class FedProx(Algorithm):
     name = "fedprox"
+    fields = ("prox_mu",)
+
+    @classmethod
+    def check(cls, config) -> list[str]:
+        return [] if config.prox_mu >= 0 else [f"prox_mu must be >= 0, got {config.prox_mu}"]
 
     def loss(self, params: Params, batch, sstate: Tree, cstate: Tree, ctx: RoundContext):
         prox = sq_norm(tmap(lambda w, g: w - g, params, ctx.gparams))

@@ -22,10 +22,17 @@ class LdpFl(SparseUpload):
     name = "ldp_fl"
     stream = Stream.LDP_FL
     mechanism = "two-point mechanism on every coordinate"
+    fields = ("ldp_fl_epsilon_per_coordinate", "ldp_clip")
+
+    @classmethod
+    def check(cls, config) -> list[str]:
+        if not config.ldp_fl_epsilon_per_coordinate > 0 or not config.ldp_clip > 0:
+            return ["LDP-FL needs ldp_fl_epsilon_per_coordinate > 0 and ldp_clip > 0"]
+        return []
 
     def encode(self, flat: torch.Tensor, seed: tuple[int, ...]) -> tuple[dict[str, torch.Tensor], dict]:
         c = self.config
-        values = two_point(flat, 0.0, c.ldp_clip, c.ldp_epsilon, generator_for(*seed))
+        values = two_point(flat, 0.0, c.ldp_clip, c.ldp_fl_epsilon_per_coordinate, generator_for(*seed))
         return {"mask": torch.ones_like(flat, dtype=torch.bool), "values": values}, {}
 
     def upload_bytes(self, upload) -> int:
@@ -33,4 +40,4 @@ class LdpFl(SparseUpload):
         return int(-(-upload["mask"].numel() // 8))
 
     def epsilon_per_round(self) -> float:
-        return ldp_fl_epsilon(self.config.ldp_epsilon, self.dims)
+        return ldp_fl_epsilon(self.config.ldp_fl_epsilon_per_coordinate, self.dims)

@@ -19,42 +19,90 @@
     paper's wording suggests (:func:`fedlib.privacy.central.noisy_each`);
   - ``z_t`` is the *analytic* Gaussian multiplier (Balle & Wang 2018) for the round's
     epsilon: the paper's eq. 4 (classic formula) is valid only for epsilon < 1;
-  - schedule ``paper``: ``epsilon(t) = epsilon_0 (1 - t/T)`` (eq. 5) with t = 0..T-1 and
-    the stated floor; schedule ``constant``: one ``z`` calibrated so the whole run spends
-    ``dp_epsilon`` in total;
+  - schedule ``paper``: ``epsilon(t) = epsilon_0 (1 - t/T)`` (eq. 5, ``dp_epsilon_per_round`` is
+    epsilon_0) with t = 0..T-1 and the stated floor; schedule ``constant``: one ``z`` calibrated so
+    the whole run spends ``dp_epsilon_total``;
   - the noise is floating-point safe (discrete Gaussian on a grid, :mod:`fedlib.privacy.discrete`)
     and keyed on the whole configuration, so runs that differ in any setting draw independent
     noise; the run's accountant composes the T releases by RDP at integer orders, which holds
     for that noise (:mod:`fedlib.privacy.accounting`).
 
-With DP on, the average over clients is unweighted (the sensitivity of a sample-weighted
-average would depend on the client sizes).
+With client-level DP on, the average over clients is unweighted (the sensitivity of a
+sample-weighted average would depend on the client sizes).
+
+The paper says only that noise goes "to the gradient update process". The reading above protects
+a client's whole data set; ``dp="record"`` is the other reading, *record-level* DP-SGD inside each
+client (:mod:`fedlib.privacy.dpsgd`), which protects one training example against add/remove:
+
+  - client i takes ``K_i = ceil(E n_i / B)`` local steps per round, each on a Poisson sample of
+    its records with rate ``q_i = B / n_i`` (:func:`fedlib.engine.make_poisson_plan`); per-sample
+    gradients of the whole MOON-DPAP loss are clipped to ``dp_clip`` and ``N(0, (sigma C)^2)`` is
+    added to their sum, which is divided by ``B``; the client sizes ``n_i`` are public, as in
+    Opacus;
+  - a record of client i is in ``T K_i`` Poisson-subsampled Gaussian releases; one ``sigma`` for
+    every client, calibrated by RDP so that the least protected client's records (the largest
+    ``q_i^2 K_i``, in practice the smallest client) spend ``dp_epsilon_total`` over the run
+    (schedule ``constant`` only);
+  - everything after the client's steps (the update, pruning, the server's sample-weighted
+    average) is post-processing; the noise is floating-point Gaussian (``torch.randn``), the
+    idealised mechanism that DP-SGD libraries implement.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from fedlib import pruning, schedules
 from fedlib.algorithms.base import Params, RoundContext
 from fedlib.algorithms.moon import Moon
-from fedlib.config import Config, ConfigError
+from fedlib.config import Config
 from fedlib.privacy.accounting import calibrate_rdp, gaussian_sigma, rdp_epsilon
 from fedlib.privacy.central import noisy_each, noisy_sum
 from fedlib.privacy.clipping import clip_by_l2
+from fedlib.privacy.dpsgd import private_grad
 from fedlib.privacy.guarantee import GaussianEvent, Guarantee, Relation
+from fedlib.privacy.noise import StepNoise
 from fedlib.streams import Stream
 from fedlib.tree import Tree
 
+DP_MODES = ("none", "central", "local", "record")
+
+
+def record_schedule(n: int, batch_size: int, epochs: int) -> tuple[float, int]:
+    """Record-level DP-SGD at a client of ``n`` records: the Poisson rate ``q`` and the number of
+    steps ``K`` per round (``E`` epochs of batch ``B`` in expectation)."""
+    return min(1.0, batch_size / n), math.ceil(epochs * n / batch_size)
+
+
+def record_noise_multiplier(config: Config, sizes: list[int]) -> tuple[float, float, int, list[float]]:
+    """Record-level DP-SGD's ``sigma`` (one for all clients) such that no client's records spend
+    more than ``dp_epsilon_total`` over the run (RDP at integer orders); also the least protected
+    client's ``(q, K)`` and every client's total epsilon at that sigma."""
+    c = config
+    schedules_ = sorted({record_schedule(n, c.batch_size, c.local_epochs) for n in sizes}, reverse=True)
+    q, k = schedules_[0]  # the largest rate: the smallest client, the usual worst case
+    for _ in range(len(schedules_)):
+        sigma = calibrate_rdp(c.dp_epsilon_total, c.dp_delta, c.rounds * k, q)
+        eps = {(qi, ki): rdp_epsilon([sigma] * (c.rounds * ki), c.dp_delta, qi) for qi, ki in schedules_}
+        worst = max(eps, key=eps.get)
+        if eps[worst] <= eps[(q, k)] * (1 + 1e-9):
+            per_client = [eps[record_schedule(n, c.batch_size, c.local_epochs)] for n in sizes]
+            return sigma, q, k, per_client
+        q, k = worst
+    raise RuntimeError("record-level calibration did not settle on a least protected client")
+
 
 def noise_multipliers(config: Config) -> list[float]:
-    """``z_t`` for every round t = 0..T-1 (noise std = z_t x sensitivity)."""
+    """``z_t`` for every round t = 0..T-1 (noise std = z_t x sensitivity), client-level modes."""
     c, total = config, config.rounds
-    if c.dp == "none":
+    if c.dp in ("none", "record"):
         return []
     if c.dp_schedule == "constant":
-        return [calibrate_rdp(c.dp_epsilon, c.dp_delta, total)] * total
-    return [gaussian_sigma(schedules.epsilon_schedule(t, total, c.dp_epsilon, c.dp_eps_floor), c.dp_delta)
+        return [calibrate_rdp(c.dp_epsilon_total, c.dp_delta, total)] * total
+    eps0 = c.dp_epsilon_per_round
+    return [gaussian_sigma(schedules.epsilon_schedule(t, total, eps0, c.dp_eps_floor), c.dp_delta)
             for t in range(total)]
 
 
@@ -66,16 +114,77 @@ def total_epsilon(zs: list[float], delta: float) -> float:
 
 class MoonDpap(Moon):
     name = "moon_dpap"
+    fields = (*Moon.fields, "cosine_lr", "lr_min", "tau_min", "mu_max", "schedule_ramp", "prune",
+              "prune_t_min",
+              "prune_t_max", "dp", "dp_epsilon_per_round", "dp_epsilon_total", "dp_schedule", "dp_eps_floor",
+              "dp_clip", "dp_delta", "secure_noise")
+
+    @classmethod
+    def check(cls, config: Config) -> list[str]:
+        c, errs = config, super().check(config)
+        if not c.tau_min > 0:
+            errs.append(f"tau_min must be > 0, got {c.tau_min}")
+        if c.mu_max < 0:
+            errs.append(f"mu_max must be >= 0, got {c.mu_max}")
+        if not 0 < c.schedule_ramp <= 1:
+            errs.append(f"schedule_ramp must be in (0, 1], got {c.schedule_ramp}")
+        if not 0 <= c.lr_min <= c.lr:
+            errs.append(f"lr_min must be in [0, lr = {c.lr}], got {c.lr_min}")
+        if not 0 <= c.prune_t_min <= c.prune_t_max:
+            errs.append("pruning thresholds need 0 <= prune_t_min <= prune_t_max")
+        if c.dp not in DP_MODES:
+            errs.append(f"dp must be one of {', '.join(DP_MODES)}, got {c.dp!r}")
+        elif c.dp != "none":
+            if not c.dp_clip > 0:
+                errs.append(f"dp_clip must be > 0, got {c.dp_clip}")
+            if not 0 < c.dp_delta < 1:
+                errs.append(f"dp_delta must be in (0, 1), got {c.dp_delta}")
+            if c.dp_schedule not in ("paper", "constant"):
+                errs.append(f"dp_schedule must be paper or constant, got {c.dp_schedule!r}")
+            budget = "dp_epsilon_total" if c.dp_schedule == "constant" else "dp_epsilon_per_round"
+            if not getattr(c, budget) > 0:
+                errs.append(f"{budget} must be > 0, got {getattr(c, budget)}")
+            if c.dp_eps_floor < 0:
+                errs.append(f"dp_eps_floor must be >= 0, got {c.dp_eps_floor}")
+            if c.dp == "record" and c.dp_schedule != "constant":
+                errs.append("record-level DP (dp = record) spends dp_epsilon_total: it needs "
+                            "dp_schedule = constant")
+            if c.client_fraction < 1:
+                errs.append("MOON-DPAP's DP assumes every client in every round (client_fraction = 1), as "
+                            "in the paper: the number of clients is the public denominator")
+        return errs
 
     def __init__(self, config: Config, model):
         super().__init__(config, model)
-        if config.dp != "none" and config.client_fraction < 1:
-            raise ConfigError("MOON-DPAP's DP accounting assumes every client in every round "
-                              "(client_fraction = 1), as in the paper")
         self.z = noise_multipliers(config)
+        self.record: dict | None = None  # record-level DP-SGD's calibration (bind_clients)
         total = config.rounds
         self.tau_slope = schedules.ramp_slope(config.moon_tau, config.tau_min, total, config.schedule_ramp)
         self.mu_slope = schedules.ramp_slope(config.moon_mu, config.mu_max, total, config.schedule_ramp)
+
+    # ---- record-level DP-SGD ----------------------------------------------------------------
+    def bind_clients(self, sizes: list[int]) -> None:
+        if self.config.dp != "record":
+            return
+        sigma, q, k, per_client = record_noise_multiplier(self.config, sizes)
+        self.record = {"sigma": sigma, "q": q, "steps": k, "per_client_epsilon": per_client}
+
+    def poisson_records(self) -> bool:
+        return self.config.dp == "record"
+
+    def step_noise(self, t: int, like: Params) -> StepNoise | None:
+        if self.config.dp != "record":
+            return None
+        first = next(iter(like.values()))
+        return StepNoise(self.noise_seed(Stream.RECORD_NOISE, t), self.record["sigma"] * self.config.dp_clip,
+                         tuple((k, tuple(v.shape)) for k, v in like.items()), first.dtype, first.device)
+
+    def loss_and_grad(self, params, batch, sstate, cstate, ctx):
+        if self.config.dp != "record":
+            return super().loss_and_grad(params, batch, sstate, cstate, ctx)
+        batch = {**batch, **self.frozen_reprs(batch, cstate, ctx)}  # once per batch, not per sample
+        return private_grad(lambda p, b: self.loss(p, b, sstate, cstate, ctx), params, batch,
+                            self.config.dp_clip, float(self.config.batch_size), batch["noise"])
 
     # ---- schedules ----------------------------------------------------------------------
     def hyper(self, t: int) -> dict[str, float]:
@@ -84,7 +193,7 @@ class MoonDpap(Moon):
         return {**super().hyper(t), "lr": lr,
                 "tau": schedules.linear_down(t, c.moon_tau, c.tau_min, self.tau_slope),
                 "mu": schedules.linear_up(t, c.moon_mu, c.mu_max, self.mu_slope),
-                "noise_multiplier": self.z[t] if self.z else 0.0}
+                "noise_multiplier": self.z[t] if self.z else (self.record or {}).get("sigma", 0.0)}
 
     # ---- pruning masks live in the server state and are broadcast -----------------------
     def init_server_state(self, gparams: Params) -> Tree:
@@ -101,7 +210,7 @@ class MoonDpap(Moon):
         delta = upload["delta"]
         if "masks" in ctx.shared:
             delta = pruning.apply_masks(delta, ctx.shared["masks"])
-        if self.config.dp != "none":
+        if self.config.dp in ("central", "local"):
             delta, norm = clip_by_l2(delta, self.config.dp_clip)
             metrics["update_norm"] = norm
         return {"delta": delta}, new_cstate, metrics
@@ -119,7 +228,7 @@ class MoonDpap(Moon):
     # ---- server ---------------------------------------------------------------------------
     def server_update(self, gparams, server_state, uploads, weights, ctx):
         c = self.config
-        if c.dp == "none":
+        if c.dp in ("none", "record"):  # record: the uploads are already private (post-processing)
             new, _ = super().server_update(gparams, server_state, uploads, weights, ctx)
         else:
             if c.dp == "central":
@@ -140,12 +249,29 @@ class MoonDpap(Moon):
     def guarantee(self) -> Guarantee | None:
         if self.config.dp == "none":
             return None
+        if self.config.dp == "record":
+            return Guarantee("record", Relation.ADD_REMOVE, "local", self.config.dp_delta,
+                             "DP-SGD in each client: Poisson-sampled records, per-sample gradients "
+                             "clipped to C, Gaussian noise sigma C on each step's sum")
         where = "trusted server adds noise to the sum" if self.config.dp == "central" \
             else "each client adds noise to its update"
         return Guarantee("client", Relation.REPLACE_ONE, self.config.dp, self.config.dp_delta,
                          f"Gaussian, {where}; sensitivity 2C")
 
+    def privacy_details(self) -> dict:
+        if self.record is None:
+            return {}
+        eps = self.record["per_client_epsilon"]
+        return {"noise_multiplier": self.record["sigma"], "sampling_rate": self.record["q"],
+                "steps_per_round": self.record["steps"],
+                "accounted": "the least protected client (largest sampling rate)",
+                "per_client_epsilon": [round(e, 6) for e in eps]}
+
     def privacy_event(self, ctx: RoundContext) -> GaussianEvent | None:
+        """Client-level: one Gaussian release per round. Record-level: the least protected
+        client's ``K`` Poisson-sampled steps."""
+        if self.record is not None:
+            return GaussianEvent(self.record["sigma"], self.record["q"], self.record["steps"])
         return GaussianEvent(self.z[ctx.t]) if self.z else None
 
     # ---- bookkeeping ------------------------------------------------------------------------
@@ -162,4 +288,6 @@ class MoonDpap(Moon):
             out["sparsity"] = pruning.sparsity(server_state["masks"], ctx.gparams)
         if self.z:
             out["noise_multiplier"] = self.z[ctx.t]
+        if self.record is not None:
+            out["noise_multiplier"] = self.record["sigma"]
         return out

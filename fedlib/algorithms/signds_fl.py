@@ -25,6 +25,18 @@ class SignDsFl(SparseUpload):
     name = "signds_fl"
     stream = Stream.SIGNDS_FL
     mechanism = "exponential choice of how many reported dimensions come from the top-k set"
+    fields = ("signds_epsilon_per_round", "signds_k", "signds_h", "signds_threshold", "signds_lr")
+
+    @classmethod
+    def check(cls, config) -> list[str]:
+        c, errs = config, []
+        if not c.signds_epsilon_per_round > 0:
+            errs.append(f"signds_epsilon_per_round must be > 0, got {c.signds_epsilon_per_round}")
+        if not 0 < c.signds_k <= 0.25 or c.signds_h < 1 or not 0.5 <= c.signds_threshold <= 1:
+            errs.append("SignDS-FL needs 0 < signds_k <= 0.25, signds_h >= 1, 0.5 <= signds_threshold <= 1")
+        if not c.signds_lr > 0:
+            errs.append(f"signds_lr must be > 0, got {c.signds_lr}")
+        return errs
 
     def encode(self, flat: torch.Tensor, seed: tuple[int, ...]) -> tuple[dict[str, torch.Tensor], dict]:
         c = self.config
@@ -32,7 +44,7 @@ class SignDsFl(SparseUpload):
         k = max(1, math.ceil(c.signds_k * d))
         h = min(c.signds_h, d)
         nu_th = math.ceil(c.signds_threshold * h)
-        mask, signs, nu = signds_select(flat, k, h, nu_th, c.ldp_epsilon, rng_for(*seed))
+        mask, signs, nu = signds_select(flat, k, h, nu_th, c.signds_epsilon_per_round, rng_for(*seed))
         values = torch.where(mask, c.signds_lr * signs[:, None], torch.zeros_like(flat))
         return {"mask": mask, "values": values}, {"nu_mean": float(nu.float().mean()), "nu_threshold": nu_th}
 
@@ -40,4 +52,4 @@ class SignDsFl(SparseUpload):
         return int(upload["mask"].sum()) * 4 + 1  # h indices and one sign
 
     def epsilon_per_round(self) -> float:
-        return signds_epsilon(self.config.ldp_epsilon)
+        return signds_epsilon(self.config.signds_epsilon_per_round)

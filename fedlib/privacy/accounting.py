@@ -169,6 +169,7 @@ def _runs(zs: list[float]) -> list[tuple[float, int]]:
     return list(counts.items())
 
 
+@functools.lru_cache(maxsize=512)
 def calibrate_rdp(target_epsilon: float, delta: float, rounds: int, q: float = 1.0) -> float:
     """The constant multiplier ``z`` whose ``rounds`` releases spend ``target_epsilon`` by
     :func:`rdp_epsilon` (bisection in log z; the result errs on the side of more noise)."""

@@ -88,11 +88,13 @@ class Guarantee:
 
 @dataclass(frozen=True)
 class GaussianEvent:
-    """One Gaussian release: noise std ``noise_multiplier`` x sensitivity, each unit taking part
-    with probability ``sampling_rate`` (Poisson sampling)."""
+    """``count`` Gaussian releases (e.g. the local steps of a round of DP-SGD): noise std
+    ``noise_multiplier`` x sensitivity, each unit taking part with probability ``sampling_rate``
+    (Poisson sampling)."""
 
     noise_multiplier: float
     sampling_rate: float = 1.0
+    count: int = 1
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,8 @@ class Accountant:
         if event is None:
             return
         if isinstance(event, GaussianEvent):
-            self.rdp = self.rdp + rdp_curve(float(event.noise_multiplier), float(event.sampling_rate))
+            curve = rdp_curve(float(event.noise_multiplier), float(event.sampling_rate))
+            self.rdp = self.rdp + event.count * curve
             self.gaussian_rounds += 1
         else:
             self.pure += event.epsilon

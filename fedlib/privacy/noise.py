@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -35,3 +37,32 @@ def laplace_noise_like(tree: Tree, scale: float, generator: torch.Generator) -> 
         return lap.to(device=x.device, dtype=x.dtype)
 
     return tmap(draw, tree)
+
+
+@dataclass(frozen=True)
+class StepNoise:
+    """The Gaussian noise of every local step of record-level DP-SGD, drawn where it is used.
+
+    A client's step ``s`` in the round gets ``N(0, std^2)`` on every coordinate of a tree shaped
+    like ``shapes``, from a generator keyed by ``(*key, client, s)`` (``key``: the run's privacy
+    key, the stream and the round, see :meth:`fedlib.algorithms.base.Algorithm.noise_seed`). Every
+    engine path asks for the same (client, step) pairs, so they add the same noise. The generator
+    lives on the run's device (a GPU draws its own noise; a CPU generator would make the host the
+    bottleneck), so the noise is reproducible on one device kind, not across kinds.
+    """
+
+    key: tuple[int, ...]
+    std: float
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    def draw(self, client: int, step: int) -> dict[str, torch.Tensor]:
+        seed = int(np.random.SeedSequence([*self.key, client, step]).generate_state(1)[0])
+        g = torch.Generator(device=self.device).manual_seed(seed)
+        return {name: torch.randn(shape, generator=g, device=self.device, dtype=self.dtype) * self.std
+                for name, shape in self.shapes}
+
+    def zeros(self) -> dict[str, torch.Tensor]:
+        """The noise of a padded (inactive) step."""
+        return {name: torch.zeros(shape, device=self.device, dtype=self.dtype) for name, shape in self.shapes}

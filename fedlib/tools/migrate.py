@@ -12,6 +12,7 @@ and the next ``make book`` recomputes it. Files already at the current version a
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from collections.abc import Callable
@@ -20,79 +21,117 @@ from pathlib import Path
 from fedlib.config import RESULTS_VERSION, Config
 from fedlib.results import atomic_write_bytes, results_dir
 
+#: Fields that a version removed, with their default before it (to recompute old keys).
+REMOVED_FIELDS: dict[int, dict] = {3: {"dp_epsilon": 1.0, "ldp_epsilon": 0.5}}
 
-def _free_of_privacy_noise(c: Config) -> bool:
+
+def _get(d: dict, name: str):
+    return d.get(name, Config.__dataclass_fields__[name].default)
+
+
+def _v2_keep_noise_free(d: dict) -> dict | None:
     """Version 2 changed the privacy noise (floating-point-safe, keyed on the config; MOON-DPAP's
     central noise at replace-one sensitivity) and nothing else: results that draw none are kept."""
-    if c.algorithm in ("ldp_fl", "signds_fl", "fdl"):
-        return False
-    if c.algorithm == "moon_dpap" and c.dp != "none":
-        return False
-    if c.algorithm == "dp_fedavg" and (c.dp_noise_multiplier > 0 or c.adaptive_clip):
-        return False
-    return True
+    alg = d["algorithm"]
+    if alg in ("ldp_fl", "signds_fl", "fdl"):
+        return None
+    if alg == "moon_dpap" and _get(d, "dp") != "none":
+        return None
+    if alg == "dp_fedavg" and (_get(d, "dp_noise_multiplier") > 0 or _get(d, "adaptive_clip")):
+        return None
+    return d
 
 
-#: version -> rule: does a result of the previous version stay valid under this one?
-RULES: dict[int, Callable[[Config], bool]] = {2: _free_of_privacy_noise}
+def _v3_rename_budgets(d: dict) -> dict:
+    """Version 3 renamed the privacy budgets so that each name has one meaning (results unchanged):
+    ``dp_epsilon`` -> ``dp_epsilon_per_round`` (schedule paper) or ``dp_epsilon_total``
+    (constant); ``ldp_epsilon`` -> the local-DP algorithm's own ``*_epsilon_per_*``."""
+    d = dict(d)
+    eps = d.pop("dp_epsilon", REMOVED_FIELDS[3]["dp_epsilon"])
+    d["dp_epsilon_total" if d.get("dp_schedule", "paper") == "constant" else "dp_epsilon_per_round"] = eps
+    ldp = d.pop("ldp_epsilon", REMOVED_FIELDS[3]["ldp_epsilon"])
+    target = {
+        "ldp_fl": "ldp_fl_epsilon_per_coordinate",
+        "signds_fl": "signds_epsilon_per_round",
+        "fdl": ("fdl_epsilon_per_round" if d.get("fdl_mode") == "corrected" else "fdl_epsilon_per_draw"),
+    }
+    if d["algorithm"] in target:
+        d[target[d["algorithm"]]] = ldp
+    return d
 
 
-def written_under(config: Config, key: str) -> int | None:
-    """The results version whose key of ``config`` is ``key`` (None if none matches)."""
+#: version -> step from the previous version: the new config dict, or None (result not valid).
+STEPS: dict[int, Callable[[dict], dict | None]] = {2: _v2_keep_noise_free, 3: _v3_rename_budgets}
+
+
+def key_under(d: dict, version: int) -> str:
+    """The cache key that results version ``version`` gave the config dict ``d`` (written then)."""
+    defaults = {k: f.default for k, f in Config.__dataclass_fields__.items()}
+    for v, removed in REMOVED_FIELDS.items():
+        if v > version:
+            defaults.update(removed)
+    changed = {k: val for k, val in d.items() if val != defaults[k]}
+    payload = json.dumps({"v": version, **changed}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def written_under(d: dict, key: str) -> int | None:
+    """The results version under which the config dict ``d`` has key ``key`` (None if none)."""
     for v in range(RESULTS_VERSION, 0, -1):
-        if config.key(v) == key:
-            return v
+        try:
+            if key_under(d, v) == key:
+                return v
+        except KeyError:  # a field this version did not know
+            continue
     return None
 
 
-def _companions(root: Path, config: Config, key: str) -> list[tuple[Path, Path]]:
-    new = config.key()
+def _companions(root: Path, algorithm: str, key: str, new: str | None) -> list[tuple[Path, Path | None]]:
+    names = [("models", "{}.pt"), ("checkpoints", "{}.pt"), ("audits", algorithm + "-{}.json")]
     return [
-        (root / "models" / f"{key}.pt", root / "models" / f"{new}.pt"),
-        (root / "checkpoints" / f"{key}.pt", root / "checkpoints" / f"{new}.pt"),
-        (
-            root / "audits" / f"{config.algorithm}-{key}.json",
-            root / "audits" / f"{config.algorithm}-{new}.json",
-        ),
+        (root / folder / pattern.format(key), None if new is None else root / folder / pattern.format(new))
+        for folder, pattern in names
     ]
 
 
 def migrate(root: Path | None = None, dry_run: bool = False) -> dict[str, list[str]]:
-    """Migrate every result under ``root``; returns the file names kept, removed and unknown."""
+    """Migrate every result under ``root``; returns the file names kept, removed, current, unknown."""
     root = Path(root or results_dir())
     report: dict[str, list[str]] = {"kept": [], "removed": [], "current": [], "unknown": []}
     for path in sorted(root.glob("*.json")):
         d = json.loads(path.read_text())
-        config = Config.from_dict(d["config"])
         old = d["meta"].get("config_key") or path.stem.split("-")[-1]
-        version = written_under(config, old)
+        version = written_under(d["config"], old)
         if version == RESULTS_VERSION:
             report["current"].append(path.name)
             continue
         if version is None:
             report["unknown"].append(path.name)
             continue
-        keep = all(RULES[v](config) for v in range(version + 1, RESULTS_VERSION + 1))
-        companions = _companions(root, config, old)
-        if dry_run:
-            report["kept" if keep else "removed"].append(path.name)
-            continue
-        if keep:
-            d["meta"]["config_key"] = config.key()
-            d["meta"]["migrated_from"] = old
-            target = root / f"{config.algorithm}-{config.key()}.json"
-            atomic_write_bytes(target, json.dumps(d, indent=1).encode())
-            if target != path:
-                path.unlink()
-            for src, dst in companions:
-                if src.exists():
-                    src.replace(dst)
-            report["kept"].append(path.name)
-        else:
-            path.unlink()
-            for src, _ in companions:
-                src.unlink(missing_ok=True)
+        config_dict: dict | None = d["config"]
+        for v in range(version + 1, RESULTS_VERSION + 1):
+            config_dict = STEPS[v](config_dict) if config_dict is not None else None
+        if config_dict is None:
             report["removed"].append(path.name)
+            if not dry_run:
+                path.unlink()
+                for src, _ in _companions(root, d["config"]["algorithm"], old, None):
+                    src.unlink(missing_ok=True)
+            continue
+        config = Config.from_dict(config_dict)
+        report["kept"].append(path.name)
+        if dry_run:
+            continue
+        d["config"] = config.to_dict()
+        d["meta"]["config_key"] = config.key()
+        d["meta"]["migrated_from"] = old
+        target = root / f"{config.algorithm}-{config.key()}.json"
+        atomic_write_bytes(target, json.dumps(d, indent=1).encode())
+        if target != path:
+            path.unlink()
+        for src, dst in _companions(root, config.algorithm, old, config.key()):
+            if src.exists():
+                src.replace(dst)
     return report
 
 

@@ -1,12 +1,17 @@
 """Open the built book in headless Chromium and check every page.
 
-``python -m fedlib.browser_check book/_build/html [--screenshots DIR]`` loads each HTML page
+``python -m fedlib.tools.browser_check book/_build/html [--screenshots DIR]`` loads each HTML page
 (after its scripts ran, so MathJax has typeset the math), and fails on:
 
 * an image whose file is missing (or an ``<img>`` without a source);
 * an internal link to a file that does not exist;
 * raw, unrendered math left in the text (``$$``, ``\\(``, ``\\[``, ``\\begin{``) or a page with
   math markup but no typeset formula;
+* a figure in the page's content without real alt text (empty, or a file name) or without a
+  caption (every image must sit in a ``<figure>`` with a ``<figcaption>``);
+* content wider than the page: after layout, the document scrolls sideways, or an element of
+  the article reaches past the right edge of the window (wide tables must scroll inside their
+  own box, long commands must wrap);
 
 and saves one screenshot per page. Needs Debian's ``chromium`` (``.ci/run`` installs it).
 """
@@ -46,8 +51,38 @@ def _flags(profile_dir: str) -> list[str]:
             "--virtual-time-budget=8000"]
 
 
+#: Script added to a copy of each page: after layout (and MathJax), it records horizontal overflow.
+PROBE = """<script>
+function clipped(e, w) {
+  for (var a = e.parentElement; a; a = a.parentElement) {
+    var o = getComputedStyle(a).overflowX;
+    var clips = o === "auto" || o === "scroll" || o === "hidden";
+    if (clips && a.getBoundingClientRect().right <= w + 2) return true;
+  }
+  return false;
+}
+window.addEventListener("load", function () { setTimeout(function () {
+  var w = document.documentElement.clientWidth, bad = [];
+  document.querySelectorAll("article *").forEach(function (e) {
+    var r = e.getBoundingClientRect();
+    if (r.width > 0 && r.right > w + 2 && !bad.length && !clipped(e, w)) {
+      bad.push(e.tagName.toLowerCase() + (e.className ? "." + String(e.className).split(" ")[0] : "") +
+               " reaches " + Math.round(r.right) + " px of " + w);
+    }
+  });
+  if (document.documentElement.scrollWidth > w + 2) bad.push("the page scrolls sideways");
+  var m = document.createElement("div"); m.id = "fedlib-overflow-probe";
+  m.setAttribute("data-overflow", bad.join("; ")); document.body.appendChild(m);
+}, 2500); });
+</script>"""
+PROBE_RESULT = re.compile(r'id="fedlib-overflow-probe"[^>]*data-overflow="([^"]*)"|'
+                          r'data-overflow="([^"]*)"[^>]*id="fedlib-overflow-probe"')
+FILE_NAME = re.compile(r"^[\w./-]+\.(png|svg|jpe?g|gif)$", re.IGNORECASE)
+
+
 class _Page(HTMLParser):
-    """Collects image sources, link targets, visible text and typeset-math markers."""
+    """Collects image sources, link targets, visible text, typeset-math markers, and the figures of
+    the article (alt text, enclosing figure, caption)."""
 
     def __init__(self):
         super().__init__()
@@ -56,12 +91,27 @@ class _Page(HTMLParser):
         self.text: list[str] = []
         self.typeset = 0
         self.math_markup = 0
+        self.figures: list[dict] = []  # content images: src, alt, figure index or None
+        self.captioned: set[int] = set()  # figures that contain a figcaption
         self._skip = 0  # depth inside script/style/typeset math, whose text is not prose
+        self._article = 0
+        self._figure: list[int] = []
+        self._n_figures = 0
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
+        if tag == "article":
+            self._article += 1
+        elif tag == "figure":
+            self._figure.append(self._n_figures)
+            self._n_figures += 1
+        elif tag == "figcaption" and self._figure:
+            self.captioned.add(self._figure[-1])
         if tag == "img":
             self.images.append(a.get("src"))
+            if self._article:
+                self.figures.append({"src": a.get("src"), "alt": (a.get("alt") or "").strip(),
+                                     "figure": self._figure[-1] if self._figure else None})
         elif tag == "a" and a.get("href"):
             self.links.append(a["href"])
         if tag.startswith("mjx-"):
@@ -75,6 +125,10 @@ class _Page(HTMLParser):
     def handle_endtag(self, tag):
         if tag in ("script", "style", "mjx-container", "mjx-assistive-mml", "code", "pre", "textarea"):
             self._skip = max(0, self._skip - 1)
+        elif tag == "article":
+            self._article = max(0, self._article - 1)
+        elif tag == "figure" and self._figure:
+            self._figure.pop()
 
     def handle_data(self, data):
         if not self._skip:
@@ -144,7 +198,36 @@ def check_page(chromium: str, page: Path, root: Path, shots: Path | None) -> Pag
     if parsed.math_markup and not parsed.typeset:
         report.problems.append(f"{parsed.math_markup} math element(s) but no typeset formula "
                                "(MathJax did not run)")
+    for fig in parsed.figures:
+        name = Path(unquote(urlparse(fig["src"] or "").path)).name
+        if not fig["alt"] or FILE_NAME.match(fig["alt"]) or fig["alt"] == name:
+            report.problems.append(f"figure {name} without alt text (alt={fig['alt']!r})")
+        if fig["figure"] is None or fig["figure"] not in parsed.captioned:
+            report.problems.append(f"figure {name} without a caption")
+    overflow = _overflow(chromium, page)
+    if overflow:
+        report.problems.append(f"content wider than the page: {overflow}")
     return report
+
+
+def _overflow(chromium: str, page: Path) -> str:
+    """Load a copy of ``page`` with :data:`PROBE` added (beside it, so its relative links resolve)
+    and return what the probe found ('' when nothing overflows)."""
+    html = page.read_text(errors="replace")
+    if "</body>" not in html:
+        return ""
+    probe = page.with_name(f".probe-{page.name}")
+    probe.write_text(html.replace("</body>", PROBE + "</body>", 1))
+    try:
+        with tempfile.TemporaryDirectory() as prof:
+            dom = subprocess.run([chromium, *_flags(prof), "--dump-dom", probe.as_uri()], capture_output=True,
+                                 text=True, timeout=120).stdout
+    finally:
+        probe.unlink(missing_ok=True)
+    m = PROBE_RESULT.search(dom)
+    if m is None:
+        return "the overflow probe did not run"
+    return (m.group(1) or m.group(2) or "").replace("&gt;", ">")
 
 
 def pages_of(html_root: Path) -> list[Path]:

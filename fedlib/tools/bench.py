@@ -1,4 +1,4 @@
-"""Engine benchmark: ``python -m fedlib.bench [--json]`` (also ``make bench``).
+"""Engine benchmark: ``python -m fedlib.tools.bench [--json]`` (also ``make bench``).
 
 Measures, in one process and on one setting (dataset, model, clients, samples, batch):
 
@@ -65,7 +65,7 @@ OTHER_ALGORITHMS = {
     "scaffold": dict(algorithm="scaffold"),
     "moon_dpap_dp": dict(algorithm="moon_dpap", cosine_lr=True, lr_min=0.0005, dropout=0.2, prune=True,
                          prune_t_max=0.005, moon_tau=0.5, tau_min=0.1, mu_max=0.05, dp="central",
-                         dp_epsilon=1.0, dp_clip=0.5, dp_delta=1e-5),
+                         dp_epsilon_per_round=1.0, dp_clip=0.5, dp_delta=1e-5),
 }
 
 
@@ -316,7 +316,7 @@ def clients_sweep(config: Config, device: torch.device, clients: list[int], path
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedlib.bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m fedlib.tools.bench", description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default="fashionmnist")
     p.add_argument("--model", default="cnn")
     p.add_argument("--clients", type=int, default=20)
@@ -331,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", action=argparse.BooleanOptionalAction, default=None,
                    help="also time 100/1000 clients and the papers' full-data setting "
                         "(default: on a GPU only)")
+    p.add_argument("--sweep", nargs="*", type=int, default=[],
+                   help="also time a FedAvg round for these numbers of clients (same total data), every path")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     p.add_argument("--save", action="store_true", help="write the result with provenance under data/bench/")
     args = p.parse_args(argv)
@@ -338,8 +340,12 @@ def main(argv: list[str] | None = None) -> int:
                     train_samples=args.samples, batch_size=args.batch_size, alpha=args.alpha,
                     test_samples=2_000, rounds=args.rounds + 1).validate()
     device = pick_device(args.device)
-    res = benchmark(config, device, args.rounds, tuple(args.paths) if args.paths else None,
-                    tuple(args.batch_runs), args.scale)
+    paths = tuple(args.paths) if args.paths else None
+    res = benchmark(config, device, args.rounds, paths, tuple(args.batch_runs), args.scale)
+    if args.sweep:
+        sweep_paths = paths or (("sequential", "parallel", "vectorized") if device.type == "cpu"
+                                else ("sequential", "vectorized"))
+        res["clients_sweep"] = clients_sweep(config, device, args.sweep, sweep_paths, rounds=1)
     width = max(map(len, res))
     for k, v in res.items():
         print(f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}")

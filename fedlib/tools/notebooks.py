@@ -1,25 +1,32 @@
-"""Execute the parameterized notebooks with papermill into the book.
+"""Execute the parameterized notebooks with papermill.
 
-``python -m fedlib.notebooks --profile quick`` runs every ``notebooks/*.ipynb`` (their
-cell tagged ``parameters`` receives ``profile`` and any ``-p NAME VALUE``) and writes the
-executed copies to ``book/chapters/``, where Jupyter Book renders them. The cell papermill
-injects is tagged ``remove-cell`` so the book does not show it.
+``python -m fedlib.tools.notebooks --into-book --profile quick`` (what ``make book`` runs) executes
+every ``notebooks/*.ipynb`` (the cell tagged ``parameters`` receives ``profile`` and any
+``-p NAME VALUE``) into ``book/chapters/``, where Jupyter Book renders them; the pages then write
+their results, verdicts and audits where the book reads them (``data/``), and each page's cost is
+recorded under ``data/timings/``. The cell papermill injects is tagged ``remove-cell``.
 
-Rerun one notebook with other parameters, e.g.::
+Without ``--into-book`` (a curious rerun) the executed notebooks go to ``data/scratch/chapters/``
+and the pages write to ``data/scratch/``: committed results are still reused, and no tracked file
+changes. One notebook by hand does the same::
 
     .venv/bin/papermill notebooks/fedavg.ipynb /tmp/out.ipynb -p profile quick -p seed 1
+
+``--list-parameters`` prints every notebook's parameters with their defaults and comments.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import json
 import os
 import sys
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from fedlib.results import REPO_ROOT, atomic_write_bytes, git_commit
+
 NOTEBOOKS = REPO_ROOT / "notebooks"
 CHAPTERS = REPO_ROOT / "book" / "chapters"
 #: Pages that summarise the others: executed last, in this order.
@@ -35,20 +42,37 @@ def ordered(sources: list[Path]) -> list[Path]:
 
 
 def timings_dir() -> Path:
+    """``data/timings/`` beside the results store (``$FEDLIB_RESULTS_DIR/../timings`` when set)."""
     from fedlib.results import results_dir
 
     return results_dir().parent / "timings"
+
+
+def scratch_chapters() -> Path:
+    from studies.common import scratch_dir
+
+    return scratch_dir() / "chapters"
+
+
+def parameters_of(src: Path) -> list[dict]:
+    """The notebook's parameters: name, default (source text) and the comment beside it."""
+    nb = json.loads(src.read_text())
+    cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
+    out = []
+    for line in "".join(cell["source"]).splitlines():
+        if "=" not in line or line.lstrip().startswith("#"):
+            continue
+        name, rest = line.split("=", 1)
+        value, _, comment = rest.partition("#")
+        out.append({"name": name.strip(), "default": value.strip(), "meaning": comment.strip()})
+    return out
 
 
 def record_timing(stem: str, wall_s: float, profile: str, run_log: Path) -> None:
     """``data/timings/<stem>.json``: the notebook's wall time now, and the compute time of the
     runs behind it (their recorded durations, whether computed now or loaded from the cache),
     i.e. what the page costs from scratch on the device that computed its runs."""
-    import json
-
     import torch
-
-    from fedlib.results import atomic_write_bytes, git_commit
 
     runs = {}
     if run_log.exists():
@@ -86,19 +110,30 @@ def execute(src: Path, dst: Path, parameters: dict, kernel: str = "python3") -> 
         tmp.unlink(missing_ok=True)
 
 
-def execute_timed(src: Path, dst: Path, parameters: dict) -> float:
-    """:func:`execute` and record what the page cost (:func:`record_timing`); returns seconds."""
-    timings_dir().mkdir(parents=True, exist_ok=True)
-    log = timings_dir() / f".{src.stem}.runs.jsonl"
-    log.unlink(missing_ok=True)
+def execute_timed(src: Path, dst: Path, parameters: dict, into_book: bool = True) -> float:
+    """:func:`execute`, with the pages writing into the book (``into_book``) or to scratch; in
+    the book, what the page cost is recorded (:func:`record_timing`). Returns seconds."""
+    env = {"FEDLIB_INTO_BOOK": "1" if into_book else "0"}
+    log = None
+    if into_book:
+        timings_dir().mkdir(parents=True, exist_ok=True)
+        log = timings_dir() / f".{src.stem}.runs.jsonl"
+        log.unlink(missing_ok=True)
+        env["FEDLIB_RUN_LOG"] = str(log)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     t0 = time.time()
-    os.environ["FEDLIB_RUN_LOG"] = str(log)
     try:
         execute(src, dst, parameters)
     finally:
-        os.environ.pop("FEDLIB_RUN_LOG", None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     wall = time.time() - t0
-    record_timing(src.stem, wall, str(parameters.get("profile", "?")), log)
+    if log is not None:
+        record_timing(src.stem, wall, str(parameters.get("profile", "?")), log)
     return wall
 
 
@@ -110,22 +145,33 @@ def _value(text: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="execute the study's notebooks into book/chapters")
+    p = argparse.ArgumentParser(prog="python -m fedlib.tools.notebooks",
+                                description="execute the study's notebooks (papermill)")
     p.add_argument("--profile", default="quick", choices=["smoke", "quick", "paper"])
     p.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
     p.add_argument("--only", nargs="*", help="notebook stems to run (default: all)")
-    p.add_argument("--out", type=Path, default=CHAPTERS)
+    p.add_argument("--into-book", action="store_true",
+                   help="write into book/chapters and data/ (the book build); default: data/scratch/")
+    p.add_argument("--out", type=Path, default=None, help="folder of the executed notebooks")
+    p.add_argument("--list-parameters", action="store_true", help="print each notebook's parameters and exit")
     args = p.parse_args(argv)
-    params = {"profile": args.profile, **{k: _value(v) for k, v in args.parameter}}
     sources = ordered(list(NOTEBOOKS.glob("*.ipynb")))
     if args.only:
         unknown = set(args.only) - {s.stem for s in sources}
         if unknown:
             p.error(f"no such notebook(s): {sorted(unknown)}")
         sources = [s for s in sources if s.stem in args.only]
+    if args.list_parameters:
+        for src in sources:
+            print(src.stem)
+            for prm in parameters_of(src):
+                print(f"  {prm['name']} = {prm['default']}    # {prm['meaning']}")
+        return 0
+    params = {"profile": args.profile, **{k: _value(v) for k, v in args.parameter}}
+    out = args.out or (CHAPTERS if args.into_book else scratch_chapters())
     for src in sources:
-        print(f"executing {src.name} ({params}) ...", flush=True)
-        wall = execute_timed(src, args.out / src.name, params)
+        print(f"executing {src.name} ({params}) -> {out} ...", flush=True)
+        wall = execute_timed(src, out / src.name, params, into_book=args.into_book)
         print(f"  done in {wall:.0f} s", flush=True)
     return 0
 

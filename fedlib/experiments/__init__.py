@@ -1,1 +1,0 @@
-"""Study-specific settings, published numbers and verdicts, one module per paper."""

@@ -1,0 +1,373 @@
+"""Verdicts as data: the classes of the claims ledger and the statistical rules that assign them.
+
+Every claim a page tests ends as one :class:`Finding` (claim, what we measured, a
+:class:`Verdict` class, and the reason in words). The classes mean one thing each:
+
+* ``reproduced``: our evidence agrees with the claim (a number inside its tolerance, an
+  ordering that holds across seeds);
+* ``partly``: the direction holds but the size does not, or a statement is valid but loose;
+* ``not reproduced``: our evidence contradicts the claim (including runs that fail: a model at
+  chance under the paper's recipe is a finding, not a caveat);
+* ``inconclusive``: our evidence cannot decide, with the reason (too few seeds, a reduced profile
+  for an absolute number, a gap inside the noise);
+* ``not testable``: the paper omits what a test needs;
+* ``sanity check``: true by construction (shown, not counted as evidence for the paper);
+* ``not evaluated``: the ``smoke`` profile (a few rounds on a few hundred samples) says nothing.
+
+Statistics. A number is compared through the 95 % t-interval of its mean over seeds; an
+ordering or a gap between two methods through the 95 % t-interval of their paired differences
+(same seed: same data, partition and initial model). One seed gives no interval: such claims
+are inconclusive. Published numbers come without a spread, so each number claim states its
+tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+
+import numpy as np
+from scipy import stats
+
+
+class Verdict(StrEnum):
+    REPRODUCED = "reproduced"
+    PARTLY = "partly"
+    NOT_REPRODUCED = "not reproduced"
+    INCONCLUSIVE = "inconclusive"
+    NOT_TESTABLE = "not testable"
+    SANITY = "sanity check"
+    NOT_EVALUATED = "not evaluated"
+
+
+#: The classes that count as evidence about a paper.
+EVIDENCE = (Verdict.REPRODUCED, Verdict.PARTLY, Verdict.NOT_REPRODUCED)
+
+#: Seeds an ordering or a gap needs before it can be judged.
+MIN_SEEDS = 3
+
+
+@dataclass(frozen=True)
+class Finding:
+    claim: str
+    ours: str
+    verdict: Verdict
+    reason: str = ""
+
+    def row(self) -> dict[str, str]:
+        d = asdict(self)
+        d["verdict"] = self.verdict.value
+        return d
+
+
+# ---- statistics ---------------------------------------------------------------------------------
+def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Mean and its two-sided t-interval; one value gives an unbounded interval."""
+    x = np.asarray(values, dtype=float)
+    m = float(x.mean())
+    if len(x) < 2:
+        return m, -math.inf, math.inf
+    half = float(stats.t.ppf(0.5 + level / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    return m, m - half, m + half
+
+
+def paired_ci(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """Mean and 95 % interval of ``a - b`` paired by seed."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape:
+        raise ValueError(f"paired values need one per seed on both sides, got {a.shape} and {b.shape}")
+    return mean_ci(a - b)
+
+
+def _interval(m: float, lo: float, hi: float, unit: str = "") -> str:
+    if not math.isfinite(lo):
+        return f"{m:.2f}{unit} (one seed)"
+    return f"{m:.2f}{unit} [{lo:.2f}, {hi:.2f}]"
+
+
+def not_evaluated(claim: str, ours: str = "") -> Finding:
+    return Finding(
+        claim,
+        ours or "smoke run",
+        Verdict.NOT_EVALUATED,
+        "the smoke profile (2 rounds on a few hundred samples) is for the tests, not evidence",
+    )
+
+
+# ---- rules ---------------------------------------------------------------------------------------
+def number(
+    claim: str, published: float, values: Sequence[float], profile: str, tolerance: float, unit: str = " %"
+) -> Finding:
+    """A published number: reproduced when the 95 % interval of our mean lies within
+    ``published +/- tolerance``, not reproduced when it lies entirely outside, else inconclusive.
+    An absolute number needs the paper's setting: other profiles are inconclusive."""
+    m, lo, hi = mean_ci(values)
+    ours = (
+        f"{_interval(m, lo, hi, unit)} over {len(values)} seed(s); paper {published:g}{unit} ± {tolerance:g}"
+    )
+    if profile == "smoke":
+        return not_evaluated(claim, ours)
+    if profile != "paper":
+        return Finding(
+            claim,
+            ours,
+            Verdict.INCONCLUSIVE,
+            f"the {profile} profile reduces data and rounds: an absolute number needs the paper profile",
+        )
+    if len(values) < 2:
+        return Finding(claim, ours, Verdict.INCONCLUSIVE, "one seed: no interval")
+    if published - tolerance <= lo and hi <= published + tolerance:
+        return Finding(claim, ours, Verdict.REPRODUCED, f"the 95 % interval lies within ±{tolerance:g}")
+    if hi < published - tolerance or lo > published + tolerance:
+        return Finding(claim, ours, Verdict.NOT_REPRODUCED, f"the 95 % interval lies outside ±{tolerance:g}")
+    return Finding(claim, ours, Verdict.INCONCLUSIVE, "the 95 % interval overlaps the tolerance band")
+
+
+def ordering(
+    claim: str,
+    better: Sequence[float],
+    worse: Sequence[float],
+    profile: str,
+    what: str = "difference",
+    unit: str = " pts",
+) -> Finding:
+    """``better > worse``, paired by seed: reproduced when the 95 % interval of the differences is
+    above 0, not reproduced when it is below 0, else inconclusive (gap inside the noise)."""
+    m, lo, hi = paired_ci(better, worse)
+    ours = f"{what} {_interval(m, lo, hi, unit)}, {len(better)} seeds"
+    if profile == "smoke":
+        return not_evaluated(claim, ours)
+    if len(better) < MIN_SEEDS:
+        return Finding(
+            claim, ours, Verdict.INCONCLUSIVE, f"{len(better)} seed(s): an ordering needs {MIN_SEEDS}"
+        )
+    if lo > 0:
+        return Finding(
+            claim, ours, Verdict.REPRODUCED, "the 95 % interval of the paired differences is above 0"
+        )
+    if hi < 0:
+        return Finding(claim, ours, Verdict.NOT_REPRODUCED, "the opposite ordering holds (interval below 0)")
+    return Finding(claim, ours, Verdict.INCONCLUSIVE, "the gap is inside the noise (interval contains 0)")
+
+
+def best_of(claim: str, best: str, by_seed: Mapping[str, Sequence[float]], profile: str) -> Finding:
+    """``best`` beats every other method, each comparison paired by seed (all must hold)."""
+    results = {k: ordering(claim, by_seed[best], v, profile) for k, v in by_seed.items() if k != best}
+    ours = "; ".join(f"vs {k}: {f.ours}" for k, f in results.items())
+    if profile == "smoke":
+        return not_evaluated(claim, ours)
+    behind = [k for k, f in results.items() if f.verdict is Verdict.NOT_REPRODUCED]
+    if behind:
+        return Finding(claim, ours, Verdict.NOT_REPRODUCED, f"significantly behind {', '.join(behind)}")
+    open_ = [k for k, f in results.items() if f.verdict is not Verdict.REPRODUCED]
+    if not open_:
+        return Finding(claim, ours, Verdict.REPRODUCED, "ahead of every other method across seeds")
+    return Finding(claim, ours, Verdict.INCONCLUSIVE, f"vs {open_[0]}: {results[open_[0]].reason}")
+
+
+def close(
+    claim: str, a: Sequence[float], b: Sequence[float], margin: float, profile: str, what: str = "difference"
+) -> Finding:
+    """``|a - b| <= margin``, paired by seed: reproduced when the whole 95 % interval lies within
+    ``+/- margin``, not reproduced when it lies entirely outside, else inconclusive."""
+    m, lo, hi = paired_ci(a, b)
+    ours = f"{what} {_interval(m, lo, hi, ' pts')}, {len(a)} seeds; margin ±{margin:g}"
+    if profile == "smoke":
+        return not_evaluated(claim, ours)
+    if len(a) < MIN_SEEDS:
+        return Finding(claim, ours, Verdict.INCONCLUSIVE, f"{len(a)} seed(s): a comparison needs {MIN_SEEDS}")
+    if -margin <= lo and hi <= margin:
+        return Finding(claim, ours, Verdict.REPRODUCED, f"the 95 % interval lies within ±{margin:g} points")
+    if lo > margin or hi < -margin:
+        return Finding(
+            claim, ours, Verdict.NOT_REPRODUCED, f"the 95 % interval lies beyond ±{margin:g} points"
+        )
+    return Finding(claim, ours, Verdict.INCONCLUSIVE, "the 95 % interval straddles the margin")
+
+
+def gap(
+    claim: str, published: float, a: Sequence[float], b: Sequence[float], profile: str, tolerance: float
+) -> Finding:
+    """A published gap ``a - b`` (paired by seed). At the paper profile: reproduced when the 95 %
+    interval lies within ``published +/- tolerance``, partly when the direction holds but the
+    interval lies outside that band. At other profiles only the direction can be tested: partly
+    when it holds (the size needs the paper profile). Opposite sign: not reproduced."""
+    m, lo, hi = paired_ci(a, b)
+    ours = f"gap {_interval(m, lo, hi, ' pts')}, {len(a)} seeds; paper {published:+g} ± {tolerance:g}"
+    if profile == "smoke":
+        return not_evaluated(claim, ours)
+    if len(a) < MIN_SEEDS:
+        return Finding(claim, ours, Verdict.INCONCLUSIVE, f"{len(a)} seed(s): a gap needs {MIN_SEEDS}")
+    s_lo, s_hi = (lo, hi) if published >= 0 else (-hi, -lo)  # the gap in the published direction
+    if s_hi < 0:
+        return Finding(claim, ours, Verdict.NOT_REPRODUCED, "the gap has the opposite sign")
+    if s_lo <= 0:
+        return Finding(claim, ours, Verdict.INCONCLUSIVE, "the gap is inside the noise (interval contains 0)")
+    if profile != "paper":
+        return Finding(
+            claim,
+            ours,
+            Verdict.PARTLY,
+            f"the direction holds; its size needs the paper profile, not {profile}",
+        )
+    if published - tolerance <= lo and hi <= published + tolerance:
+        return Finding(claim, ours, Verdict.REPRODUCED, f"the 95 % interval lies within ±{tolerance:g}")
+    if hi < published - tolerance or lo > published + tolerance:
+        return Finding(
+            claim, ours, Verdict.PARTLY, f"the direction holds; the size lies outside ±{tolerance:g}"
+        )
+    return Finding(
+        claim, ours, Verdict.INCONCLUSIVE, "the direction holds; the size overlaps the tolerance band"
+    )
+
+
+def in_range(
+    claim: str, low: float, high: float, values: Sequence[float], profile: str, unit: str = " %"
+) -> Finding:
+    """A claimed range: reproduced when our 95 % interval lies within ``[low, high]``; partly when
+    it lies beyond it on the same side of 0 (direction holds, size does not); not reproduced when
+    it has the opposite sign; else inconclusive."""
+    m, lo, hi = mean_ci(values)
+    ours = f"{_interval(m, lo, hi, unit)} over {len(values)} measurement(s); claim [{low:g}, {high:g}]{unit}"
+    if profile == "smoke":
+        return not_evaluated(claim, ours)
+    if len(values) < 2:
+        return Finding(claim, ours, Verdict.INCONCLUSIVE, "one measurement: no interval")
+    if low <= lo and hi <= high:
+        return Finding(claim, ours, Verdict.REPRODUCED, "the 95 % interval lies within the claimed range")
+    if hi < 0 < low or lo > 0 > high:
+        return Finding(claim, ours, Verdict.NOT_REPRODUCED, "the effect has the opposite sign")
+    if hi < low or lo > high:
+        return Finding(
+            claim, ours, Verdict.PARTLY, "the direction holds, the size is outside the claimed range"
+        )
+    return Finding(claim, ours, Verdict.INCONCLUSIVE, "the 95 % interval overlaps the claimed range's edge")
+
+
+#: The largest total epsilon we call a meaningful guarantee: Ponomareva et al. (JAIR 2023, "How
+#: to DP-fy ML") put epsilon <= 10 in the tier that still offers some protection and call larger
+#: values little or none.
+MEANINGFUL_EPSILON = 10.0
+
+
+def reachable(
+    claim: str,
+    target: float,
+    by_epsilon: Mapping[float, Sequence[float]],
+    profile: str,
+    tolerance: float,
+    max_epsilon: float = MEANINGFUL_EPSILON,
+    unit: str = " %",
+) -> Finding:
+    """A level (``target``, e.g. an accuracy) claimed under DP, tested along a frontier (values per
+    seed at each total epsilon): reproduced when at some epsilon <= ``max_epsilon`` our 95 % interval
+    lies above ``target - tolerance``; not reproduced when at every such epsilon it lies below;
+    else inconclusive. A level needs the paper's setting: other profiles are inconclusive."""
+    grid = sorted(e for e in by_epsilon if e <= max_epsilon)
+    if not grid:
+        raise ValueError(f"the frontier has no epsilon <= {max_epsilon:g}")
+    cis = {e: mean_ci(by_epsilon[e]) for e in grid}
+    best = max(grid, key=lambda e: cis[e][0])
+    ours = (f"best at epsilon <= {max_epsilon:g}: {_interval(*cis[best], unit)} at epsilon = {best:g} "
+            f"({len(by_epsilon[best])} seed(s)); level {target:g}{unit} ± {tolerance:g}")
+    if profile == "smoke":
+        return not_evaluated(claim, ours)
+    if profile != "paper":
+        return Finding(claim, ours, Verdict.INCONCLUSIVE,
+                       f"the {profile} profile reduces data and rounds: an accuracy level needs the "
+                       "paper profile")
+    if any(len(by_epsilon[e]) < 2 for e in grid):
+        return Finding(claim, ours, Verdict.INCONCLUSIVE, "one seed: no interval")
+    reached = [e for e in grid if cis[e][1] >= target - tolerance]
+    if reached:
+        return Finding(claim, ours, Verdict.REPRODUCED,
+                       f"reached at epsilon = {min(reached):g} (95 % interval above {target - tolerance:g})")
+    if all(cis[e][2] < target - tolerance for e in grid):
+        return Finding(claim, ours, Verdict.NOT_REPRODUCED,
+                       f"below {target - tolerance:g} at every epsilon <= {max_epsilon:g}")
+    return Finding(claim, ours, Verdict.INCONCLUSIVE, "the 95 % interval overlaps the tolerance band")
+
+
+def peak(claim: str, at: Hashable, by_seed: Mapping, profile: str) -> Finding:
+    """The claimed value ``at`` gives the highest result: its paired differences to every other
+    value must all be above 0 (reproduced); another value significantly ahead of it: not
+    reproduced; otherwise inconclusive."""
+    others = [k for k in by_seed if k != at]
+    cis = {k: paired_ci(by_seed[at], by_seed[k]) for k in others}
+    ours = "; ".join(f"vs {k}: {_interval(*ci, ' pts')}" for k, ci in cis.items())
+    if profile == "smoke":
+        return not_evaluated(claim, ours)
+    n = len(by_seed[at])
+    if n < MIN_SEEDS:
+        return Finding(claim, ours, Verdict.INCONCLUSIVE, f"{n} seed(s): a peak needs {MIN_SEEDS}")
+    if all(lo > 0 for _, lo, _ in cis.values()):
+        return Finding(claim, ours, Verdict.REPRODUCED, "ahead of every other value across seeds")
+    behind = [str(k) for k, (_, _, hi) in cis.items() if hi < 0]
+    if behind:
+        return Finding(claim, ours, Verdict.NOT_REPRODUCED, f"significantly behind {', '.join(behind)}")
+    return Finding(
+        claim, ours, Verdict.INCONCLUSIVE, "the differences to the neighbours are inside the noise"
+    )
+
+
+def bound(
+    claim: str, measured: Sequence[float], claimed: Sequence[float], tight: Sequence[float], ours: str
+) -> Finding:
+    """A claimed upper bound: violated by a measurement -> not reproduced (a bug or a wrong bound);
+    holding but above the tight bound -> partly (valid but loose); equal to it -> reproduced."""
+    measured, claimed, tight = (np.asarray(v, dtype=float) for v in (measured, claimed, tight))
+    if np.any(measured > claimed):
+        return Finding(claim, ours, Verdict.NOT_REPRODUCED, "a measurement exceeds the claimed bound")
+    if np.any(claimed > tight * (1 + 1e-9)):
+        return Finding(
+            claim, ours, Verdict.PARTLY, "valid but loose: the claimed bound lies above the tight one"
+        )
+    return Finding(claim, ours, Verdict.REPRODUCED, "the claimed bound holds and is tight")
+
+
+def at_chance(
+    accuracy_pct: Sequence[float], chance_pct: float, untrained_pct: float | None = None, margin: float = 3.0
+) -> bool:
+    """True when the runs end within ``margin`` points of chance or of the untrained model."""
+    m = float(np.mean(accuracy_pct))
+    near = abs(m - chance_pct) <= margin
+    return near or (untrained_pct is not None and abs(m - untrained_pct) <= margin)
+
+
+def all_of(claim: str, findings: list[Finding]) -> Finding:
+    """Several findings behind one claim: reproduced if all are, not reproduced if any is,
+    the first non-reproduced reason otherwise."""
+    ours = "; ".join(f.ours for f in findings)
+    verdicts = [f.verdict for f in findings]
+    if all(v is Verdict.NOT_EVALUATED for v in verdicts):
+        return not_evaluated(claim, ours)
+    if Verdict.NOT_REPRODUCED in verdicts:
+        return Finding(
+            claim,
+            ours,
+            Verdict.NOT_REPRODUCED,
+            next(f.reason for f in findings if f.verdict is Verdict.NOT_REPRODUCED),
+        )
+    if all(v is Verdict.REPRODUCED for v in verdicts):
+        return Finding(claim, ours, Verdict.REPRODUCED, findings[0].reason)
+    if all(v in (Verdict.REPRODUCED, Verdict.PARTLY) for v in verdicts):
+        return Finding(
+            claim, ours, Verdict.PARTLY, next(f.reason for f in findings if f.verdict is Verdict.PARTLY)
+        )
+    first = next(f for f in findings if f.verdict is not Verdict.REPRODUCED)
+    return Finding(claim, ours, first.verdict, first.reason)
+
+
+def sanity(claim: str, ours: str, why: str) -> Finding:
+    return Finding(claim, ours, Verdict.SANITY, why)
+
+
+def not_testable(claim: str, ours: str, why: str) -> Finding:
+    return Finding(claim, ours, Verdict.NOT_TESTABLE, why)
+
+
+def failure(claim: str, ours: str, why: str) -> Finding:
+    """A run that fails under the paper's recipe (diverges, NaN, ends at chance): a finding."""
+    return Finding(claim, ours, Verdict.NOT_REPRODUCED, why)

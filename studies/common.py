@@ -1,0 +1,183 @@
+"""What the three studies share: profiles, seeds, and runs over seeds with their summaries.
+
+A *profile* says how far a paper's setting is scaled down to fit a machine; each study gives
+one :class:`Scale` per profile (its own sizes: MOON-DPAP shrinks data and rounds, FDL also
+swaps the CNN for an MLP at ``quick``, DP-FL keeps 1,000 clients), and this module applies it:
+
+* ``smoke``: seconds, for the tests; no verdict is evidence at this profile;
+* ``quick``: the default of ``make book`` on a 2-core CPU, reduced data and rounds;
+* ``paper``: the papers' own settings, meant for a GPU (``python -m fedlib.tools.campaign``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fedlib.config import Config, ConfigError
+from fedlib.results import REPO_ROOT, Result, results_dir
+from fedlib.run import run_many
+
+PROFILES = ("smoke", "quick", "paper")
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How one study runs at one profile: fields set (``overrides``), fields capped at a value
+    (``caps``: the paper's value unless larger), and the number of seeds."""
+
+    description: str
+    seeds: int
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    caps: Mapping[str, Any] = field(default_factory=dict)
+
+    def apply(self, config: Config, profile: str) -> Config:
+        capped = {k: min(getattr(config, k), v) for k, v in self.caps.items()}
+        return config.replace(**self.overrides, **capped, profile=profile)
+
+
+def scale_of(scales: Mapping[str, Scale], profile: str) -> Scale:
+    """The study's :class:`Scale` for ``profile`` (a clear error for an unknown one)."""
+    if profile not in scales:
+        raise ConfigError(f"unknown profile {profile!r}; choose from {list(scales)}")
+    return scales[profile]
+
+
+def seeds_for(scales: Mapping[str, Scale], profile: str, seeds: int | None = None) -> list[int]:
+    """Seeds 0..n-1, n = ``seeds`` or the profile's default."""
+    return list(range(seeds if seeds is not None else scale_of(scales, profile).seeds))
+
+
+# ---- runs over seeds -------------------------------------------------------------------------------
+ConfigSet = dict[Hashable, list[Config]]
+
+
+@dataclass
+class Runs:
+    """Results of labelled configs, one list per label (one result per seed, in seed order)."""
+
+    results: dict[Hashable, list[Result]]
+
+    def all(self) -> list[Result]:
+        return [r for rs in self.results.values() for r in rs]
+
+    def finals(self) -> pd.DataFrame:
+        """One row per run: label, seed, final accuracy (%) and loss, and what else it recorded."""
+        rows = []
+        for label, rs in self.results.items():
+            for r in rs:
+                f = r.final
+                rows.append(
+                    {
+                        "label": label,
+                        "seed": r.config.seed,
+                        "acc": 100 * f["test_acc"],
+                        "loss": f["test_loss"],
+                        **{k: f[k] for k in ("epsilon_spent", "personal_acc", "sparsity") if k in f},
+                    }
+                )
+        return pd.DataFrame(rows)
+
+    def by_seed(self, label: Hashable, metric: str = "acc") -> np.ndarray:
+        """``metric`` of ``label``'s runs in seed order (for paired comparisons across seeds)."""
+        df = self.finals()
+        mine = df[[lab == label for lab in df["label"]]]
+        return mine.sort_values("seed")[metric].to_numpy(dtype=float)
+
+    def summary(self) -> pd.DataFrame:
+        df = self.finals()
+        g = df.groupby("label", sort=False)
+        return pd.DataFrame(
+            {
+                "acc_mean": g["acc"].mean(),
+                "acc_std": g["acc"].std(ddof=1).fillna(0.0),
+                "loss_mean": g["loss"].mean(),
+                "loss_std": g["loss"].std(ddof=1).fillna(0.0),
+                "seeds": g["seed"].count(),
+            }
+        )
+
+
+# ---- where pages read and write ---------------------------------------------------------------------
+def into_book() -> bool:
+    """True while the book is built (``FEDLIB_INTO_BOOK=1``, set by ``fedlib.tools.notebooks``):
+    pages then write results, verdicts and audits where the book reads them (``data/``)."""
+    return os.environ.get("FEDLIB_INTO_BOOK") == "1"
+
+
+def scratch_dir() -> Path:
+    """``$FEDLIB_SCRATCH_DIR`` or ``data/scratch/`` (git-ignored): where a rerun outside the book
+    build writes, so it never changes tracked files."""
+    return Path(os.environ.get("FEDLIB_SCRATCH_DIR", REPO_ROOT / "data" / "scratch"))
+
+
+def write_root() -> Path:
+    """Where new results go: the results store during a book build (or when ``FEDLIB_RESULTS_DIR``
+    is set explicitly), else scratch."""
+    if into_book() or "FEDLIB_RESULTS_DIR" in os.environ:
+        return results_dir()
+    return scratch_dir() / "results"
+
+
+def read_roots() -> list[Path]:
+    """Where results are looked up first: the store the book reads (committed results)."""
+    return [results_dir()]
+
+
+def run_all(configs: ConfigSet, progress: bool = False, engine: str = "auto") -> Runs:
+    """Run (or load) every config; the seeds of one label go to the engine as one run batch.
+    Committed results are reused; new ones go to :func:`write_root`."""
+    root = write_root()
+    cache = [r for r in read_roots() if r != root]
+    return Runs(
+        {
+            label: run_many(cs, progress=progress, root=root, cache_roots=cache, engine=engine)
+            for label, cs in configs.items()
+        }
+    )
+
+
+def mean_curve(results: list[Result]) -> pd.DataFrame:
+    """Mean and standard deviation over seeds of the per-round test accuracy (%) and loss."""
+    frames = [r.frame().dropna(subset=["test_acc"])[["round", "test_acc", "test_loss"]] for r in results]
+    df = pd.concat(frames).groupby("round").agg(["mean", "std"])
+    df.columns = [f"{a}_{b}" for a, b in df.columns]
+    df["acc_mean"] = 100 * df.pop("test_acc_mean")
+    df["acc_std"] = 100 * df.pop("test_acc_std").fillna(0.0)
+    return df.reset_index()
+
+
+def fmt(mean: float, std: float, seeds: int, digits: int = 2) -> str:
+    """``mean`` or ``mean ± std`` (several seeds)."""
+    return f"{mean:.{digits}f}" if seeds < 2 else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def untrained_accuracy(config: Config) -> float:
+    """Test accuracy (%) of the initial global model of ``config`` (round 0): the level a method
+    that learns nothing stays at, which for a random model can lie below chance."""
+    import torch
+
+    from fedlib.run import Experiment
+
+    return 100 * Experiment(config, torch.device("cpu")).evaluate()["test_acc"]
+
+
+def profile_note(scales: Mapping[str, Scale], profile: str, results: list[Result] | None = None) -> str:
+    """A sentence (Markdown) saying which profile a page's numbers come from and what it means."""
+    scale = scale_of(scales, profile)
+    devices = sorted({str(r.meta.get("device", "?")).split(" (")[0] for r in results or []})
+    where = f", computed on {', '.join(devices)}" if devices else ""
+    if profile == "paper":
+        return (
+            f"**Profile `paper`**: {scale.description}{where}. These numbers are comparable to the paper's."
+        )
+    return (
+        f"**Profile `{profile}`**: {scale.description}{where}. Absolute numbers are not comparable to "
+        "the paper's; orderings and directions are tested across seeds."
+    )

@@ -1,0 +1,327 @@
+"""The configurations each DP-FL page runs, and the analyses its evidence comes from (curve
+fits, the membership audit, gradient inversion, timing). The notebooks run them; the campaign
+collects the configurations through :data:`PAGES`."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import optimize
+
+from fedlib.attacks.inversion import DLGNet, defend, dlg_attack, target_gradient
+from fedlib.attacks.membership import (
+    AttackResult,
+    dp_advantage_bound,
+    loss_threshold_attack,
+    per_sample_losses,
+    yeom_advantage_bound,
+)
+from fedlib.config import Config
+from fedlib.privacy.accounting import epsilon_of_gaussian_rounds, rdp_epsilon
+from fedlib.results import atomic_write_bytes
+from fedlib.run import Experiment, load_model
+from studies.common import ConfigSet, Runs, read_roots, run_all, seeds_for, write_root
+from studies.dpfl.settings import EPSILONS, MIA_EPSILONS, SCALES, config_for, mia_config
+
+
+def _seeds(profile: str, n_seeds: int | None) -> list[int]:
+    return seeds_for(SCALES, profile, n_seeds)
+
+
+def true_epsilon(config: Config, accountant: str = "pld") -> float:
+    """The run's epsilon (add/remove one client) by another accountant: ``pld`` is tight for
+    continuous Gaussian noise, ``rdp`` with dp-accounting's default (fractional) orders."""
+    z = config.dp_noise_multiplier
+    if z <= 0:
+        return math.inf
+    return epsilon_of_gaussian_rounds(
+        [z] * config.rounds, config.dp_delta, q=config.client_fraction, accountant=accountant
+    )
+
+
+def finals(runs: Runs, key: str = "epsilon") -> pd.DataFrame:
+    """One row per run: ``key`` (the run's label), seed, final accuracy in %, loss, z."""
+    rows = []
+    for k, rs in runs.results.items():
+        for r in rs:
+            rows.append(
+                {
+                    key: k,
+                    "seed": r.config.seed,
+                    "acc": 100 * r.final["test_acc"],
+                    "loss": r.final["test_loss"],
+                    "z": r.config.dp_noise_multiplier,
+                    "final_clip": r.history[-1].get("clip", float("nan")),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+# ---- Claim 1: accuracy vs epsilon, and two curve fits ------------------------------------------
+def epsilon_sweep(profile: str, n_seeds: int | None = None, epsilons=EPSILONS) -> ConfigSet:
+    seeds = _seeds(profile, n_seeds)
+    out: ConfigSet = {eps: [config_for(profile, eps, s) for s in seeds] for eps in epsilons}
+    out[math.inf] = [config_for(profile, None, s) for s in seeds]
+    return out
+
+
+def log_model(eps, acc_max, alpha):
+    """The article's Claim 1: ``Acc_max - alpha log(1/eps + 1)``."""
+    return acc_max - alpha * np.log(1.0 / np.asarray(eps) + 1.0)
+
+
+def sigmoid_model(eps, lo, hi, mid, width):
+    """An alternative: a logistic curve in log(eps) between a floor ``lo`` and a ceiling ``hi``."""
+    return lo + (hi - lo) / (1.0 + np.exp(-(np.log(np.asarray(eps)) - mid) / width))
+
+
+MODELS = {
+    "article: Acc_max - alpha log(1/eps + 1)": (log_model, lambda e, a: [a.max(), 5.0]),
+    "logistic in log eps": (sigmoid_model, lambda e, a: [a.min(), a.max(), float(np.log(np.median(e))), 1.0]),
+}
+
+
+def _fit(model, p0, eps, acc):
+    params, _ = optimize.curve_fit(model, eps, acc, p0=p0, maxfev=20_000)
+    return params
+
+
+def compare_fits(df: pd.DataFrame) -> pd.DataFrame:
+    """Fit each model to (epsilon, accuracy) of every run; in-sample RMSE and leave-one-epsilon-out
+    RMSE (each *interior* epsilon's runs held out and predicted by a fit on the others: an
+    interpolation test; holding out the end points would test extrapolation, where a curve
+    with more parameters is bound to lose)."""
+    eps, acc = df["epsilon"].to_numpy(float), df["acc"].to_numpy(float)
+    rows = []
+    for name, (model, init) in MODELS.items():
+        params = _fit(model, init(eps, acc), eps, acc)
+        rmse = float(np.sqrt(np.mean((model(eps, *params) - acc) ** 2)))
+        errs = []
+        for held in np.unique(eps)[1:-1]:
+            tr = eps != held
+            try:
+                p = _fit(model, init(eps[tr], acc[tr]), eps[tr], acc[tr])
+                errs.extend(model(eps[~tr], *p) - acc[~tr])
+            except RuntimeError:  # no convergence without this point: count it as a failure
+                errs.extend(np.full((~tr).sum(), np.nan))
+        rows.append(
+            {
+                "model": name,
+                "parameters": np.round(params, 3).tolist(),
+                "rmse": rmse,
+                "held_out_rmse": float(np.sqrt(np.nanmean(np.square(errs)))),
+                "params": params,
+                "fn": model,
+            }
+        )
+    return pd.DataFrame(rows).set_index("model")
+
+
+# ---- Claim 2: adaptive vs fixed clipping -------------------------------------------------------
+CLIPS = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+
+
+def clip_sweep(profile: str, n_seeds: int | None = None, epsilon: float = 1.0, clips=CLIPS) -> ConfigSet:
+    """Fixed clip norms and adaptive clipping, all at the same noise multiplier (same epsilon)."""
+    seeds = _seeds(profile, n_seeds)
+    out: ConfigSet = {
+        f"fixed C = {clip:g}": [config_for(profile, epsilon, s, dp_clip=clip) for s in seeds]
+        for clip in clips
+    }
+    out["adaptive"] = [config_for(profile, epsilon, s, dp_clip=0.1, adaptive_clip=True) for s in seeds]
+    return out
+
+
+# ---- Claim 3: membership inference against DP --------------------------------------------------
+def mia(profile: str, n_seeds: int | None = None) -> ConfigSet:
+    """The membership audit's federations: without DP, and at each replace-one budget."""
+    return {
+        eps: [mia_config(profile, eps, s) for s in _seeds(profile, n_seeds)] for eps in (None, *MIA_EPSILONS)
+    }
+
+
+def replace_one_epsilon(config: Config) -> float:
+    """Epsilon (at ``dp_delta``) of DP-FedAvg with every client in every round when one client's data
+    are replaced, which covers replacing any one record: the sum of clipped updates then moves by
+    up to ``2C``, so the noise ``z C`` acts as multiplier ``z / 2`` (RDP at integer orders)."""
+    if config.client_fraction < 1:
+        raise ValueError("replace_one_epsilon assumes full participation (client_fraction = 1)")
+    z = config.dp_noise_multiplier
+    return math.inf if z <= 0 else rdp_epsilon([z / 2] * config.rounds, config.dp_delta)
+
+
+@dataclass
+class AuditRow:
+    epsilon: float
+    attack: AttackResult
+    accuracy: float
+
+
+def audit_losses(config: Config) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample losses of the final global model on its training images (members) and on
+    as many held-out test images (non-members); cached beside the results, so the audit can
+    be redone without the model file."""
+    name = f"audits/{config.algorithm}-{config.key()}.json"
+    for root in (*read_roots(), write_root()):
+        if (root / name).exists():
+            d = json.loads((root / name).read_text())
+            return np.array(d["members"]), np.array(d["nonmembers"])
+    result = run_all({0: [config]}).results[0][0]
+    model, params = load_model(result, result.path.parent)
+    data = Experiment(config, torch.device("cpu")).data
+    members = per_sample_losses(model, params, data.x_train, data.y_train)
+    nonmembers = per_sample_losses(model, params, data.x_test, data.y_test)
+    payload = {"members": [float(v) for v in members], "nonmembers": [float(v) for v in nonmembers]}
+    atomic_write_bytes(write_root() / name, json.dumps(payload).encode())
+    return members, nonmembers
+
+
+def membership_audit(config: Config) -> AuditRow:
+    """Loss-threshold attack (Yeom et al. 2018) on the final global model: members are the
+    training images, non-members the same number of held-out test images."""
+    result = run_all({0: [config]}).results[0][0]
+    members, nonmembers = audit_losses(config)
+    eps = replace_one_epsilon(config)
+    return AuditRow(
+        eps, loss_threshold_attack(members, nonmembers, seed=config.seed), 100 * result.final["test_acc"]
+    )
+
+
+def bounds_table(rows: list[AuditRow], delta: float) -> pd.DataFrame:
+    out = []
+    for r in rows:
+        a = r.attack
+        out.append(
+            {
+                "epsilon": r.epsilon,
+                "test acc %": r.accuracy,
+                "AUC": a.auc,
+                "advantage": a.advantage,
+                "advantage 95% CI": f"[{a.ci['advantage'][0]:.3f}, {a.ci['advantage'][1]:.3f}]",
+                "TPR @ 1% FPR": a.tpr_at_1pct,
+                "article bound e^eps - 1": yeom_advantage_bound(r.epsilon)
+                if math.isfinite(r.epsilon)
+                else math.inf,
+                "tight bound": dp_advantage_bound(r.epsilon, delta) if math.isfinite(r.epsilon) else 1.0,
+            }
+        )
+    return pd.DataFrame(out)
+
+
+# ---- Claim 4: gradient inversion against clipping and noise -------------------------------------
+def inversion_sweep(
+    noise_levels, images: int = 3, steps: int = 30, clip: float = 0.1, seed: int = 0
+) -> pd.DataFrame:
+    """DLG/iDLG (cosine distance, so clipping alone does not help) on single-image gradients
+    of the small attack network: undefended, clipped, and clipped + noise of std
+    ``sigma = z C`` for each ``z`` in ``noise_levels``. Returns MSE, PSNR and the L2 error."""
+    from fedlib.data import load
+
+    ds = load("mnist", train_samples=50, test_samples=10, seed=seed)
+    x_all = ds.x_train * 0.3081 + 0.1307  # back to [0, 1]
+    rows = []
+    for i in range(images):
+        x, y = x_all[i : i + 1], ds.y_train[i : i + 1]
+        torch.manual_seed(seed + i)
+        model = DLGNet()
+        g = target_gradient(model, x, y)
+        cases = [("none", None, 0.0), ("clip only", clip, 0.0)]
+        cases += [("clip + noise", clip, z) for z in noise_levels]
+        for name, c, z in cases:
+            defended = defend(g, clip=c, noise_multiplier=z, seed=seed + 100 * i + 1) if c else g
+            r = dlg_attack(model, defended, tuple(x.shape), x, steps=steps, seed=seed + i, distance="cosine")
+            rows.append(
+                {
+                    "image": i,
+                    "defence": name,
+                    "z": z,
+                    "sigma": z * (c or 0.0),
+                    "mse": r.mse,
+                    "l2_error": math.sqrt(r.mse * x.numel()),
+                    "psnr": r.psnr,
+                    "d": x.numel(),
+                    "params": sum(v.numel() for v in g.values()),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def loglog_slope(x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.polyfit(np.log(x), np.log(y), 1)[0])
+
+
+# ---- the cost of DP --------------------------------------------------------------------------
+def round_times(config: Config, rounds: int = 10) -> np.ndarray:
+    """Wall time of each of ``rounds`` rounds of ``config`` on the sequential engine (one process,
+    so the comparison is not blurred by worker scheduling), after one warm-up round, each scaled
+    to the *expected* number of clients (Poisson sampling varies the count)."""
+    from fedlib.engine import Executor
+
+    exp = Experiment(config, torch.device("cpu"))
+    expected = config.client_fraction * config.clients
+    times = []
+    with Executor("sequential", exp.algo, exp.data.x_train, exp.data.y_train) as ex:
+        for t in range(rounds + 1):
+            t0 = time.perf_counter()
+            rec = exp.round(t, ex)
+            if rec["clients"] and t > 0:
+                times.append((time.perf_counter() - t0) * expected / rec["clients"])
+    return np.array(times)
+
+
+def time_rounds(config: Config, rounds: int = 10) -> float:
+    """Median of :func:`round_times`."""
+    return float(np.median(round_times(config, rounds)))
+
+
+# ---- the setting, and the teaching page -------------------------------------------------------------
+def setting(profile: str, n_seeds: int | None = None) -> ConfigSet:
+    """The federation without DP (one seed): the reference every other page is read against."""
+    return {"no DP": [config_for(profile, None, _seeds(profile, n_seeds)[0])]}
+
+
+CLIENT_COUNTS = (250, 500, 1000)
+#: The federation-size comparison at a fixed total of data: 250 clients of 60 images.
+FIXED_TOTAL = 15_000
+
+
+def federation_sizes(
+    profile: str, n_seeds: int | None = None, epsilon: float = 1.0, client_counts=CLIENT_COUNTS
+) -> ConfigSet:
+    """More clients at the same budget, two ways, each with and without DP: (a) the same total data
+    split among more clients (the noise effect alone); (b) 60 images per client (more clients bring
+    more data too). Keys: ``(variant, clients, epsilon or None)``."""
+    seeds = _seeds(profile, n_seeds)
+    out: ConfigSet = {}
+    for n in client_counts:
+        sizes = {"same total data": FIXED_TOTAL, "60 images per client": 60 * n if 60 * n < 60_000 else 0}
+        for variant, total in sizes.items():
+            for eps in (None, epsilon):
+                out[(variant, n, eps)] = [
+                    config_for(profile, eps, s, clients=n, train_samples=total) for s in seeds
+                ]
+    return out
+
+
+def teaching(profile: str, n_seeds: int | None = None, epsilon: float = 1.0) -> ConfigSet:
+    return {
+        **epsilon_sweep(profile, n_seeds),
+        **clip_sweep(profile, n_seeds, 1.0),
+        **federation_sizes(profile, n_seeds, epsilon),
+    }
+
+
+#: page (notebook stem) -> the configurations it runs, with the page's default parameters.
+PAGES = {
+    "dpfl_setting": setting,
+    "dpfl_claim1": epsilon_sweep,
+    "dpfl_claim2": clip_sweep,
+    "dpfl_claim3": mia,
+    "dpfl_teaching": teaching,
+}

@@ -1,0 +1,186 @@
+"""The verdict rules of the MOON-DPAP pages: each function takes a page's runs and returns its
+findings (:class:`studies.claims.Finding`). Tolerances are stated here, next to the rules."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from studies import claims as c
+from studies.claims import Finding, all_of
+from studies.common import Runs
+from studies.moon_dpap.settings import FIG1_METHODS, PAPER, TABLE1_METHODS
+
+#: How far a published accuracy may be from ours (points): the paper reports one number without a
+#: spread; seed-to-seed spreads of these runs are about 1 point, so 2 points is the band.
+ACC_TOLERANCE = 2.0
+#: Two methods are "close" when their paired gap stays within this many points.
+CLOSE_MARGIN = 2.0
+#: FashionMNIST has ten balanced classes.
+CHANCE = 10.0
+
+NAMES = {
+    "fedavg": "FedAvg",
+    "fedprox": "FedProx",
+    "scaffold": "SCAFFOLD",
+    "feddyn": "FedDyn",
+    "moon": "MOON",
+    "ditto": "Ditto",
+    "moon_dpap": "MOON-DPAP",
+}
+
+
+def fig1(runs: Runs, profile: str, personal_acc: float) -> list[Finding]:
+    acc = {m: runs.by_seed(m) for m in FIG1_METHODS}
+    others = np.mean([acc[m] for m in FIG1_METHODS if m != "scaffold"], axis=0)
+    return [
+        c.number(
+            "MOON-DPAP reaches 83.6 % accuracy (loss 0.44)",
+            PAPER["fig1"]["moon_dpap"][0],
+            acc["moon_dpap"],
+            profile,
+            ACC_TOLERANCE,
+        ),
+        c.best_of("MOON-DPAP is the best of the six methods", "moon_dpap", acc, profile),
+        c.gap(
+            "MOON-DPAP is 4.7 points above FedAvg",
+            PAPER["fig1"]["fedavg_gap"],
+            acc["moon_dpap"],
+            acc["fedavg"],
+            profile,
+            ACC_TOLERANCE,
+        ),
+        c.close(
+            "MOON is close to FedAvg", acc["moon"], acc["fedavg"], CLOSE_MARGIN, profile, "MOON - FedAvg"
+        ),
+        c.sanity(
+            "Ditto is close to FedAvg",
+            f"global model identical to FedAvg's; personalised accuracy {personal_acc:.1f} %",
+            "Ditto's global model trains exactly as FedAvg's, so it equals FedAvg by construction; "
+            "its personal models are the informative number",
+        ),
+        c.ordering(
+            "SCAFFOLD is much lower than the others (5+ points below their mean)",
+            others - 5.0,
+            acc["scaffold"],
+            profile,
+            "others' mean - 5 - SCAFFOLD",
+        ),
+    ]
+
+
+def fig2(
+    runs: Runs, profile: str, eps_total: float, untrained_pct: float, noise_ratio: float
+) -> list[Finding]:
+    clean = runs.by_seed("moon_dpap")
+    dp = runs.by_seed("moon_dpap (DP, eq. 5 schedule)")
+    claim = "with DP MOON-DPAP ends at 77 % accuracy (loss 0.71)"
+    if profile == "smoke":
+        first = c.not_evaluated(claim)
+    elif c.at_chance(dp, CHANCE, untrained_pct):
+        first = c.failure(
+            claim,
+            f"{np.mean(dp):.1f} % (chance {CHANCE:g} %), epsilon {eps_total:.2f} "
+            "(delta 1e-5, replace one client)",
+            f"client-level DP at epsilon_0 = 1 with 20 clients drowns the signal: the noise on the "
+            f"sum is about {noise_ratio:,.0f} times the largest clipped update sum, and the model "
+            "ends at chance",
+        )
+    else:
+        first = c.number(claim, PAPER["fig2"]["dp"][0], dp, profile, ACC_TOLERANCE)
+    readings = []
+    for reading, name in (("client", "client-level"), ("record", "record-level")):
+        by_eps = {label[1]: runs.by_seed(label) for label in runs.results
+                  if isinstance(label, tuple) and len(label) == 2 and label[0] == reading}
+        readings.append(c.reachable(
+            f"77 % under DP at a meaningful epsilon (<= {c.MEANINGFUL_EPSILON:g}), if the DP is {name}",
+            PAPER["fig2"]["dp"][0], by_eps, profile, ACC_TOLERANCE))
+    return [
+        first,
+        *readings,
+        c.gap("DP costs about 6.6 points (83.6 → 77 %)", 6.6, clean, dp, profile, 3.0),
+        c.not_testable(
+            "the privacy guarantee of the DP curve",
+            f"our epsilon_0 = 1 per round composes to epsilon = {eps_total:.2f} (delta 1e-5, replace "
+            "one client)",
+            "the paper states no epsilon_0, delta, clip norm, neighbouring relation or total epsilon",
+        ),
+    ]
+
+
+def table1(runs: Runs, profile: str) -> list[Finding]:
+    acc = {(m, n): runs.by_seed(f"{m}|{n}") for m in TABLE1_METHODS for n in (10, 20)}
+    fewer = [
+        c.ordering(
+            f"{NAMES[m]}: 10 clients beat 20", acc[(m, 10)], acc[(m, 20)], profile, f"{NAMES[m]} 10 - 20"
+        )
+        for m in TABLE1_METHODS
+    ]
+    best = [
+        c.best_of(
+            f"MOON-DPAP is the best with {n} clients",
+            "moon_dpap",
+            {m: acc[(m, n)] for m in TABLE1_METHODS},
+            profile,
+        )
+        for n in (10, 20)
+    ]
+    numbers = [
+        c.number(f"{NAMES[m]} at 20 clients", PAPER["table1"][m][2], acc[(m, 20)], profile, ACC_TOLERANCE)
+        for m in TABLE1_METHODS
+    ]
+    return [
+        all_of("every method is more accurate with 10 clients than with 20", fewer),
+        all_of("MOON-DPAP is the best method with 10 and with 20 clients", best),
+        all_of("Table 1's accuracies at 20 clients (40-59 %)", numbers),
+        c.not_testable(
+            "Table 1 and Fig. 1 describe the same setting",
+            "Table 1: 58.60 % for MOON-DPAP at 20 clients; Fig. 1: 83.6 %",
+            "the paper does not say what differs between the two "
+            "(rounds, data, partition), so Table 1's setting cannot be rebuilt",
+        ),
+    ]
+
+
+ABLATION_NAMES = {
+    "full": "full MOON-DPAP",
+    "no_dynamic_lr": "without dynamic LR",
+    "no_dropout": "without dropout",
+    "no_pruning": "without pruning",
+    "no_all_three": "without all three",
+}
+
+
+def table2(runs: Runs, profile: str) -> list[Finding]:
+    acc = {k: runs.by_seed(k) for k in ABLATION_NAMES}
+    singles = ("no_dynamic_lr", "no_dropout", "no_pruning")
+    return [
+        c.best_of("the full method is the most accurate variant", "full", acc, profile),
+        all_of(
+            "removing any one component lowers accuracy",
+            [
+                c.ordering(f"without {k}", acc["full"], acc[k], profile, f"full - {ABLATION_NAMES[k]}")
+                for k in singles
+            ],
+        ),
+        all_of(
+            "removing all three is the worst variant",
+            [
+                c.ordering(
+                    f"{k} above no_all_three",
+                    acc[k],
+                    acc["no_all_three"],
+                    profile,
+                    f"{ABLATION_NAMES[k]} - without all three",
+                )
+                for k in ABLATION_NAMES
+                if k != "no_all_three"
+            ],
+        ),
+        all_of(
+            "Table 2's accuracies (78.8-83.7 %)",
+            [
+                c.number(ABLATION_NAMES[k], PAPER["table2"][k][0], acc[k], profile, ACC_TOLERANCE)
+                for k in ABLATION_NAMES
+            ],
+        ),
+    ]

@@ -1,0 +1,243 @@
+"""The configurations each MOON-DPAP page runs (labelled, one config per seed), as functions of
+the profile and the page's parameters. The notebooks run them; the campaign
+(``python -m fedlib.tools.campaign``) collects them through :data:`PAGES`."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from fedlib.algorithms.moon_dpap import noise_multipliers, total_epsilon
+from fedlib.config import Config
+from studies.common import ConfigSet, Runs, seeds_for
+from studies.moon_dpap.settings import ABLATIONS, FIG1_METHODS, SCALES, TABLE1_METHODS, config_for
+
+#: The DP setting of Fig. 2 (our choices: the paper gives none).
+FIG2_DP = dict(dp="central", dp_clip=0.5, dp_delta=1e-5, dp_schedule="paper")
+
+
+def _seeds(profile: str, n_seeds: int | None) -> list[int]:
+    return seeds_for(SCALES, profile, n_seeds)
+
+
+def fig1(profile: str, n_seeds: int | None = None) -> ConfigSet:
+    return {m: [config_for(m, profile, s) for s in _seeds(profile, n_seeds)] for m in FIG1_METHODS}
+
+
+def fig2_schedule(profile: str, eps0: float = 1.0, clip: float = 0.5) -> tuple[Config, list[float], float]:
+    """The eq. 5 config (seed 0), its noise multipliers z_t and the total epsilon they spend."""
+    cfg = config_for("moon_dpap", profile, 0, **{**FIG2_DP, "dp_clip": clip, "dp_epsilon_per_round": eps0})
+    zs = noise_multipliers(cfg)
+    return cfg, zs, total_epsilon(zs, cfg.dp_delta)
+
+
+def fig2(profile: str, n_seeds: int | None = None, eps0: float = 1.0, clip: float = 0.5) -> ConfigSet:
+    """Without DP; with the eq. 5 schedule at ``eps0``; with constant noise spending the same
+    total; and the two readings of the paper's DP (:func:`readings`)."""
+    seeds = _seeds(profile, n_seeds)
+    dp = {**FIG2_DP, "dp_clip": clip}
+    _, _, eps_total = fig2_schedule(profile, eps0, clip)
+    return {
+        "moon_dpap": [config_for("moon_dpap", profile, s) for s in seeds],
+        "moon_dpap (DP, eq. 5 schedule)": [
+            config_for("moon_dpap", profile, s, **dp, dp_epsilon_per_round=eps0) for s in seeds
+        ],
+        "moon_dpap (DP, constant noise)": [
+            config_for(
+                "moon_dpap", profile, s, **{**dp, "dp_schedule": "constant"}, dp_epsilon_total=eps_total
+            )
+            for s in seeds
+        ],
+        **readings(profile, n_seeds),
+    }
+
+
+def table1(profile: str, n_seeds: int | None = None) -> ConfigSet:
+    return {
+        f"{m}|{n}": [config_for(m, profile, s, clients=n) for s in _seeds(profile, n_seeds)]
+        for m in TABLE1_METHODS
+        for n in (10, 20)
+    }
+
+
+def table2(profile: str, n_seeds: int | None = None) -> ConfigSet:
+    return {
+        k: [config_for("moon_dpap", profile, s, **v) for s in _seeds(profile, n_seeds)]
+        for k, v in ABLATIONS.items()
+    }
+
+
+#: Total epsilons of the two frontiers (delta 1e-5). The client-level grid reaches further: it
+#: needs epsilon in the hundreds before accuracy returns.
+FRONTIER_EPSILONS = (1.0, 3.0, 10.0, 30.0, 100.0, 1000.0)
+RECORD_EPSILONS = (1.0, 3.0, 10.0, 30.0, 100.0)
+FRONTIER_CLIPS = (0.1, 0.5, 2.0)
+#: The two readings of "noise in the gradient update process" (our choices of C: the paper gives
+#: none). Client-level: each client's update clipped to 0.5, noise at the server, replace one
+#: client. Record-level: DP-SGD in each client, per-sample gradients clipped to 1.0 (the usual
+#: DP-SGD default, e.g. Opacus' examples), add/remove one record.
+CLIENT_DP = dict(dp="central", dp_delta=1e-5, dp_schedule="constant", dp_clip=0.5)
+RECORD_DP = dict(dp="record", dp_delta=1e-5, dp_schedule="constant", dp_clip=1.0)
+READINGS = {
+    "client": "client-level: a client's whole data (replace one client), noise at the server",
+    "record": "record-level: one training example (add/remove), DP-SGD in each client",
+}
+
+
+def readings(profile: str, n_seeds: int | None = None, epsilons=FRONTIER_EPSILONS,
+             record_epsilons=RECORD_EPSILONS) -> ConfigSet:
+    """The accuracy-epsilon frontier of each reading: constant noise calibrated to each total
+    epsilon. Labels: ``"no DP"``, ``("client", eps)``, ``("record", eps)``."""
+    seeds = _seeds(profile, n_seeds)
+    out: ConfigSet = {"no DP": [config_for("moon_dpap", profile, s) for s in seeds]}
+    for reading, dp, grid in (("client", CLIENT_DP, epsilons), ("record", RECORD_DP, record_epsilons)):
+        for e in grid:
+            out[(reading, e)] = [config_for("moon_dpap", profile, s, **dp, dp_epsilon_total=e) for s in seeds]
+    return out
+
+
+def frontier(
+    profile: str,
+    n_seeds: int | None = None,
+    epsilons=FRONTIER_EPSILONS,
+    record_epsilons=RECORD_EPSILONS,
+    clips=FRONTIER_CLIPS,
+    clip_epsilon: float = 100.0,
+) -> ConfigSet:
+    """Both readings' frontiers, and client-level DP's clip norm at one epsilon (labels
+    ``("client", eps, C)``)."""
+    seeds = _seeds(profile, n_seeds)
+    out = readings(profile, n_seeds, epsilons, record_epsilons)
+    for c in clips:
+        dp = {**CLIENT_DP, "dp_clip": c}
+        out[("client", clip_epsilon, c)] = [
+            config_for("moon_dpap", profile, s, **dp, dp_epsilon_total=clip_epsilon) for s in seeds
+        ]
+    return out
+
+
+def frontier_table(runs: Runs) -> pd.DataFrame:
+    """One row per (reading, epsilon) of the frontiers in ``runs``: accuracy over seeds and the
+    accounting each result recorded (the noise multiplier, the sampling rate and the number of
+    noisy releases a protected unit takes part in over the run, the epsilon spent)."""
+    rows = []
+    for label, rs in runs.results.items():
+        if not (isinstance(label, tuple) and len(label) == 2):
+            continue
+        reading, eps = label
+        acc = [100 * r.final["test_acc"] for r in rs]
+        first = rs[0]
+        privacy = first.meta.get("privacy", {})
+        if reading == "record":
+            q, releases = privacy.get("sampling_rate", float("nan")), first.config.rounds * privacy.get(
+                "steps_per_round", 0)
+        else:
+            q, releases = 1.0, first.config.rounds
+        rows.append({
+            "reading": reading,
+            "epsilon": eps,
+            "epsilon spent": first.history[-1].get("epsilon_spent", float("nan")),
+            "noise multiplier": first.history[0].get("noise_multiplier", float("nan")),
+            "sampling rate": q,
+            "noisy releases": releases,
+            "clip C": first.config.dp_clip,
+            "acc_mean": float(np.mean(acc)),
+            "acc_std": float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0,
+            "seeds": len(acc),
+        })
+    return pd.DataFrame(rows).sort_values(["reading", "epsilon"]).reset_index(drop=True)
+
+
+def epsilon_at(table: pd.DataFrame, reading: str, accuracy_pct: float) -> float | None:
+    """The total epsilon at which ``reading``'s mean accuracy first reaches ``accuracy_pct``,
+    interpolated linearly in log epsilon between the grid points around the crossing; None when
+    the grid never reaches it (reached at the first point: that point's epsilon)."""
+    t = table[table["reading"] == reading].sort_values("epsilon")
+    eps, acc = t["epsilon"].to_numpy(float), t["acc_mean"].to_numpy(float)
+    for i in range(len(eps)):
+        if acc[i] >= accuracy_pct:
+            if i == 0:
+                return float(eps[0])
+            f = (accuracy_pct - acc[i - 1]) / (acc[i] - acc[i - 1])
+            return float(np.exp(np.log(eps[i - 1]) + f * (np.log(eps[i]) - np.log(eps[i - 1]))))
+    return None
+
+
+ALPHAS = (0.1, 0.5, 5.0)
+
+
+def alpha(profile: str, n_seeds: int | None = None, alphas=ALPHAS) -> ConfigSet:
+    return {
+        f"{m}|{a:g}": [config_for(m, profile, s, alpha=a) for s in _seeds(profile, n_seeds)]
+        for m in ("fedavg", "moon_dpap")
+        for a in alphas
+    }
+
+
+#: page (notebook stem) -> the configurations it runs, with the page's default parameters.
+PAGES = {
+    "moon_dpap_fig1": fig1,
+    "moon_dpap_fig2": fig2,
+    "moon_dpap_table1": table1,
+    "moon_dpap_table2": table2,
+    "moon_dpap_frontier": frontier,
+    "moon_dpap_alpha": alpha,
+}
+
+
+# ---- evidence the pages show ------------------------------------------------------------------------
+def noise_vs_signal(config: Config, zs: list[float], dims: int) -> pd.DataFrame:
+    """Per round: the norm of the noise added to the sum of clipped updates (central mode,
+    replace one client: std ``2 z_t C`` per coordinate, norm about ``2 z_t C sqrt(d)``) against
+    the largest possible norm of that sum, ``m C`` (every client's update at the clip norm)."""
+    c, m = config.dp_clip, config.clients
+    noise = [2 * z * c * math.sqrt(dims) for z in zs]
+    return pd.DataFrame(
+        {
+            "round": np.arange(1, len(zs) + 1),
+            "noise norm": noise,
+            "largest signal norm (m C)": m * c,
+            "noise / signal": [n / (m * c) for n in noise],
+        }
+    )
+
+
+def failed_runs(runs: Runs, chance_pct: float = 10.0, margin: float = 3.0) -> pd.DataFrame:
+    """Runs that diverged (a NaN or infinite loss) or ended within ``margin`` points of chance."""
+    rows = []
+    for label, rs in runs.results.items():
+        for r in rs:
+            losses = [h["test_loss"] for h in r.history if h.get("test_loss") is not None]
+            acc = 100 * r.final["test_acc"]
+            bad_loss = [v for v in losses if not math.isfinite(v)]
+            if bad_loss or abs(acc - chance_pct) <= margin:
+                rows.append(
+                    {
+                        "run": str(label),
+                        "seed": r.config.seed,
+                        "final accuracy (%)": round(acc, 2),
+                        "final loss": r.final["test_loss"],
+                        "what": "loss NaN/inf" if bad_loss else "accuracy at chance",
+                    }
+                )
+    return pd.DataFrame(rows, columns=["run", "seed", "final accuracy (%)", "final loss", "what"])
+
+
+def plot_readings(ax, table: pd.DataFrame, no_dp_pct: float, level_pct: float, chance_pct: float = 10.0):
+    """The two frontiers (mean ± one std over seeds) on a log-epsilon axis, with the non-private
+    accuracy, the paper's level under DP and chance as horizontal lines."""
+    styles = {"client": dict(color="C3", marker="o", label="client-level (replace one client)"),
+              "record": dict(color="C0", marker="s", label="record-level DP-SGD (add/remove one record)")}
+    for reading, style in styles.items():
+        t = table[table["reading"] == reading]
+        if len(t):
+            ax.errorbar(t["epsilon"], t["acc_mean"], yerr=t["acc_std"], capsize=3, **style)
+    ax.axhline(no_dp_pct, color="k", ls="--", label="no DP")
+    ax.axhline(level_pct, color="0.4", ls=(0, (2, 2)), label=f"paper's Fig. 2 with DP: {level_pct:g} %")
+    ax.axhline(chance_pct, color="0.6", ls=":", label="chance")
+    ax.set(xscale="log", xlabel="total $\\epsilon$ of the run ($\\delta = 10^{-5}$)",
+           ylabel="test accuracy (%)", ylim=(0, 100))
+    ax.grid(alpha=0.3)
+    return ax

@@ -1,0 +1,268 @@
+"""The verdict rules (studies.claims and each study's claims): both sides of every threshold,
+the inconclusive branch, and no evidential verdict at the smoke profile."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from studies import claims as c
+from studies.claims import Finding, Verdict
+from studies.common import Runs
+
+V = Verdict
+
+
+def test_mean_ci_and_paired_ci():
+    m, lo, hi = c.mean_ci([1.0, 2.0, 3.0])
+    assert m == 2.0 and lo < 2.0 < hi
+    assert c.mean_ci([5.0])[1] == -np.inf
+    with pytest.raises(ValueError):
+        c.paired_ci([1, 2], [1, 2, 3])
+
+
+@pytest.mark.parametrize(
+    "values,expected",
+    [
+        ([80.0, 80.1, 79.9], V.REPRODUCED),  # interval inside 80 +/- 2
+        ([70.0, 70.2, 69.8], V.NOT_REPRODUCED),  # interval outside the band
+        ([78.0, 83.0, 80.0], V.INCONCLUSIVE),  # interval straddles the band's edge
+        ([80.0], V.INCONCLUSIVE),  # one seed
+    ],
+)
+def test_number_at_the_paper_profile(values, expected):
+    assert c.number("x", 80.0, values, "paper", 2.0).verdict is expected
+
+
+def test_number_elsewhere_is_inconclusive_or_not_evaluated():
+    assert c.number("x", 80.0, [80.0, 80.0, 80.0], "quick", 2.0).verdict is V.INCONCLUSIVE
+    assert c.number("x", 80.0, [80.0, 80.0, 80.0], "smoke", 2.0).verdict is V.NOT_EVALUATED
+
+
+@pytest.mark.parametrize(
+    "better,worse,expected",
+    [
+        ([5.0, 6.0, 5.5], [1.0, 1.5, 1.2], V.REPRODUCED),
+        ([1.0, 1.5, 1.2], [5.0, 6.0, 5.5], V.NOT_REPRODUCED),
+        ([1.0, 3.0, 2.0], [2.0, 1.0, 2.5], V.INCONCLUSIVE),
+    ],
+)
+def test_ordering_three_ways(better, worse, expected):
+    assert c.ordering("x", better, worse, "quick").verdict is expected
+
+
+def test_ordering_needs_seeds_and_says_nothing_at_smoke():
+    assert c.ordering("x", [5.0, 6.0], [1.0, 1.0], "quick").verdict is V.INCONCLUSIVE
+    assert c.ordering("x", [5.0, 6.0, 5.5], [1.0, 1.5, 1.2], "smoke").verdict is V.NOT_EVALUATED
+
+
+def test_best_of_all_comparisons_must_hold():
+    by = {"a": [9.0, 9.5, 9.2], "b": [5.0, 5.5, 5.2], "c": [4.0, 4.1, 4.3]}
+    assert c.best_of("x", "a", by, "quick").verdict is V.REPRODUCED
+    assert c.best_of("x", "b", by, "quick").verdict is V.NOT_REPRODUCED
+    close = {"a": [5.0, 6.0, 5.5], "b": [5.5, 5.4, 5.6]}
+    assert c.best_of("x", "a", close, "quick").verdict is V.INCONCLUSIVE
+
+
+@pytest.mark.parametrize(
+    "a,b,expected",
+    [
+        ([50.0, 50.5, 50.2], [50.1, 50.3, 50.0], V.REPRODUCED),  # within +/- 2
+        ([60.0, 60.5, 60.2], [50.1, 50.3, 50.0], V.NOT_REPRODUCED),  # 10 points apart
+        ([50.0, 54.0, 52.0], [50.0, 50.0, 50.0], V.INCONCLUSIVE),  # straddles the margin
+    ],
+)
+def test_close(a, b, expected):
+    assert c.close("x", a, b, 2.0, "quick").verdict is expected
+
+
+def test_gap_direction_and_size():
+    a, b = [60.0, 60.5, 60.2], [55.0, 55.4, 55.3]  # gap about 5
+    assert c.gap("x", 4.7, a, b, "paper", 2.0).verdict is V.REPRODUCED
+    assert c.gap("x", 15.0, a, b, "paper", 2.0).verdict is V.PARTLY  # direction only
+    assert c.gap("x", 4.7, a, b, "quick", 2.0).verdict is V.PARTLY  # size needs the paper profile
+    assert c.gap("x", 4.7, b, a, "quick", 2.0).verdict is V.NOT_REPRODUCED  # opposite sign
+    assert c.gap("x", 4.7, [1.0, 3.0, 2.0], [2.0, 1.0, 2.5], "quick", 2.0).verdict is V.INCONCLUSIVE
+    assert c.gap("x", -3.0, b, a, "quick", 2.0).verdict is V.PARTLY  # a negative published gap
+
+
+@pytest.mark.parametrize(
+    "values,expected",
+    [
+        ([20.0, 21.0, 22.0, 21.5], V.REPRODUCED),  # inside [15, 25]
+        ([34.0, 35.0, 33.5, 34.5], V.PARTLY),  # same sign, beyond the range
+        ([-5.0, -6.0, -5.5, -4.5], V.NOT_REPRODUCED),  # opposite sign
+        ([10.0, 30.0, 15.0, 28.0], V.INCONCLUSIVE),  # overlaps an edge
+        ([20.0], V.INCONCLUSIVE),
+    ],
+)
+def test_in_range(values, expected):
+    assert c.in_range("x", 15.0, 25.0, values, "quick").verdict is expected
+
+
+def test_peak():
+    by = {0.01: [9.0, 9.2, 9.1], 0.02: [5.0, 5.2, 5.1], 0.03: [4.0, 4.1, 4.2]}
+    assert c.peak("x", 0.01, by, "quick").verdict is V.REPRODUCED
+    assert c.peak("x", 0.02, by, "quick").verdict is V.NOT_REPRODUCED
+    flat = {0.01: [5.0, 6.0, 5.5], 0.02: [5.5, 5.4, 5.6]}
+    assert c.peak("x", 0.01, flat, "quick").verdict is V.INCONCLUSIVE
+    assert c.peak("x", 0.01, {0.01: [9.0], 0.02: [1.0]}, "quick").verdict is V.INCONCLUSIVE
+
+
+def test_bound():
+    assert c.bound("x", [0.1, 0.2], [0.5, 0.6], [0.3, 0.4], "o").verdict is V.PARTLY  # valid but loose
+    assert c.bound("x", [0.1, 0.7], [0.5, 0.6], [0.3, 0.4], "o").verdict is V.NOT_REPRODUCED
+    assert c.bound("x", [0.1, 0.2], [0.3, 0.4], [0.3, 0.4], "o").verdict is V.REPRODUCED
+
+
+def test_at_chance():
+    assert c.at_chance([10.5, 11.0], 10.0)
+    assert c.at_chance([7.2, 7.3], 10.0, untrained_pct=7.25)
+    assert not c.at_chance([60.0, 61.0], 10.0, untrained_pct=7.25)
+
+
+def test_all_of():
+    r = Finding("a", "o", V.REPRODUCED, "ok")
+    n = Finding("b", "o", V.NOT_REPRODUCED, "bad")
+    i = Finding("c", "o", V.INCONCLUSIVE, "noise")
+    p = Finding("d", "o", V.PARTLY, "loose")
+    assert c.all_of("x", [r, r]).verdict is V.REPRODUCED
+    assert c.all_of("x", [r, n, i]).verdict is V.NOT_REPRODUCED
+    assert c.all_of("x", [r, i]).verdict is V.INCONCLUSIVE
+    assert c.all_of("x", [r, p]).verdict is V.PARTLY
+    assert c.all_of("x", [c.not_evaluated("y")]).verdict is V.NOT_EVALUATED
+
+
+# ---- each study's rules, on synthetic runs -------------------------------------------------------------
+class _R:
+    def __init__(self, acc, seed, **final):
+        from fedlib.config import Config
+
+        self.config = Config(seed=seed)
+        self.final = {"test_acc": acc / 100, "test_loss": 1.0, **final}
+
+
+def _runs(table: dict) -> Runs:
+    return Runs({k: [_R(a, s) for s, a in enumerate(v)] for k, v in table.items()})
+
+
+def test_moon_dpap_fig1_rules():
+    from studies.moon_dpap import claims as mc
+
+    good = {
+        "fedavg": [70, 71, 70.5],
+        "scaffold": [50, 51, 50.5],
+        "feddyn": [69, 70, 69.5],
+        "moon": [70.2, 71.1, 70.4],
+        "ditto": [70, 71, 70.5],
+        "moon_dpap": [75, 76, 75.5],
+    }
+    f = {x.claim: x for x in mc.fig1(_runs(good), "quick", 80.0)}
+    assert f["MOON-DPAP is the best of the six methods"].verdict is V.REPRODUCED
+    assert f["MOON-DPAP is 4.7 points above FedAvg"].verdict is V.PARTLY  # direction at quick
+    assert f["MOON is close to FedAvg"].verdict is V.REPRODUCED
+    assert f["Ditto is close to FedAvg"].verdict is V.SANITY
+    assert f["MOON-DPAP reaches 83.6 % accuracy (loss 0.44)"].verdict is V.INCONCLUSIVE
+    smoke = mc.fig1(_runs(good), "smoke", 80.0)
+    assert all(x.verdict in (V.NOT_EVALUATED, V.SANITY) for x in smoke)
+
+
+#: Frontiers of the two readings of Fig. 2's DP: client-level at chance up to epsilon 10,
+#: record-level near the paper's level from epsilon 3 on.
+READINGS = {
+    ("client", 1.0): [10.0, 10.1, 9.9],
+    ("client", 10.0): [10.2, 10.0, 10.1],
+    ("client", 1000.0): [70, 71, 70.5],
+    ("record", 1.0): [60.0, 61.0, 60.5],
+    ("record", 3.0): [76.5, 77.0, 76.8],
+    ("record", 10.0): [78, 78.5, 78.2],
+}
+
+
+def test_moon_dpap_fig2_states_a_collapse_as_a_finding():
+    from studies.moon_dpap import claims as mc
+
+    runs = _runs(
+        {
+            "moon_dpap": [75, 76, 75.5],
+            "moon_dpap (DP, eq. 5 schedule)": [10.1, 9.9, 10.0],
+            "moon_dpap (DP, constant noise)": [10.0, 10.2, 9.8],
+            **READINGS,
+        }
+    )
+    first = mc.fig2(runs, "quick", 3.3, 9.0, 500.0)[0]
+    assert first.verdict is V.NOT_REPRODUCED and "chance" in first.reason
+    healthy = _runs(
+        {
+            "moon_dpap": [75, 76, 75.5],
+            "moon_dpap (DP, eq. 5 schedule)": [70, 71, 70.5],
+            "moon_dpap (DP, constant noise)": [70, 71, 70.5],
+            **READINGS,
+        }
+    )
+    assert mc.fig2(healthy, "quick", 3.3, 9.0, 500.0)[0].verdict is V.INCONCLUSIVE
+    at_paper = {f.claim: f for f in mc.fig2(healthy, "paper", 3.3, 9.0, 500.0)}
+    client = next(f for k, f in at_paper.items() if k.endswith("client-level"))
+    record = next(f for k, f in at_paper.items() if k.endswith("record-level"))
+    assert client.verdict is V.NOT_REPRODUCED and record.verdict is V.REPRODUCED
+    assert "epsilon = 3" in record.reason  # the first epsilon that reaches the level
+
+
+@pytest.mark.parametrize(
+    "frontier,expected",
+    [
+        ({1.0: [60, 61, 60.5], 10.0: [79, 79.5, 79.2]}, V.REPRODUCED),  # interval above 77 - 2 at eps 10
+        ({1.0: [60, 61, 60.5], 10.0: [70, 71, 70.5]}, V.NOT_REPRODUCED),  # below 75 everywhere <= 10
+        ({1.0: [60, 61, 60.5], 10.0: [72, 78, 75]}, V.INCONCLUSIVE),  # straddles 75
+        ({1.0: [60, 61, 60.5], 100.0: [90, 90, 90]}, V.NOT_REPRODUCED),  # reached only beyond eps 10
+        ({1.0: [80], 10.0: [80]}, V.INCONCLUSIVE),  # one seed
+    ],
+)
+def test_reachable_on_both_sides_of_the_threshold(frontier, expected):
+    assert c.reachable("x", 77.0, frontier, "paper", 2.0).verdict is expected
+
+
+def test_reachable_elsewhere_and_without_a_grid():
+    f = {1.0: [80, 80.5, 80.2]}
+    assert c.reachable("x", 77.0, f, "quick", 2.0).verdict is V.INCONCLUSIVE
+    assert c.reachable("x", 77.0, f, "smoke", 2.0).verdict is V.NOT_EVALUATED
+    with pytest.raises(ValueError):
+        c.reachable("x", 77.0, {100.0: [80, 80, 80]}, "paper", 2.0)
+
+
+def test_frontier_table_and_the_epsilon_of_a_level():
+    from studies.moon_dpap import pages
+
+    table = pd.DataFrame({"reading": ["record"] * 3, "epsilon": [1.0, 10.0, 100.0],
+                          "acc_mean": [60.0, 70.0, 80.0]})
+    assert pages.epsilon_at(table, "record", 75.0) == pytest.approx(np.sqrt(10 * 100))  # halfway in log
+    assert pages.epsilon_at(table, "record", 50.0) == 1.0
+    assert pages.epsilon_at(table, "record", 85.0) is None
+
+
+def test_dpfl_claim_rules():
+    from studies.dpfl import claims as dc
+
+    fits = pd.DataFrame(
+        {"held_out_rmse": [1.0, 1.05], "params": [[80, 5], [10, 80, 0, 1]]}, index=["article", "logistic"]
+    )
+    by_eps = {0.1: np.array([20.0, 21.0, 20.5]), 10.0: np.array([70.0, 71.0, 70.5])}
+    assert dc.claim1(fits, by_eps, "quick")[0].verdict is V.REPRODUCED  # within 1.1x
+    worse = fits.assign(held_out_rmse=[3.0, 1.0])
+    assert dc.claim1(worse, by_eps, "quick")[0].verdict is V.PARTLY  # direction, not shape
+    flat = {0.1: np.array([20.0, 21.0, 20.5]), 10.0: np.array([20.5, 20.0, 21.0])}
+    assert dc.claim1(fits, flat, "quick")[0].verdict is V.INCONCLUSIVE
+    acc = {
+        "fixed C = 0.1": np.array([50.0, 51, 50.5]),
+        "fixed C = 1": np.array([60.0, 61, 60.5]),
+        "fixed C = 10": np.array([40.0, 41, 40.5]),
+        "adaptive": np.array([60.0, 61.5, 61.0]),
+    }
+    assert dc.claim2(acc, "quick")[0].verdict is V.REPRODUCED  # about +20 % over the median C
+    acc["adaptive"] = np.array([52.0, 53, 52.5])
+    assert dc.claim2(acc, "quick")[0].verdict is V.PARTLY  # +4 %: direction only
+    errors = pd.Series([0.5, 5.0], index=[1e-3, 1e-2])
+    rows = dc.claim4(30.0, 8.0, errors, 784, "quick")
+    assert rows[0].verdict is V.REPRODUCED and rows[1].verdict is V.PARTLY
+    assert dc.claim4(30.0, 25.0, errors, 784, "quick")[0].verdict is V.NOT_REPRODUCED
+    low = pd.Series([1e-3, 5.0], index=[1e-3, 1e-2])  # below sigma sqrt(d) at the first point
+    assert dc.claim4(30.0, 8.0, low, 784, "quick")[1].verdict is V.NOT_REPRODUCED
