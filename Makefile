@@ -28,6 +28,13 @@ $(STAMP): requirements.txt pyproject.toml
 
 venv: $(STAMP)
 
+# The optional Flower extra (fedlib.flower): only the tests need it, never the book.
+FLOWER_STAMP := $(VENV)/.flower
+$(FLOWER_STAMP): $(STAMP) requirements-flower.txt
+	$(PY) -m pip install -q -r requirements-flower.txt 2>&1 | grep -v "is ignored: it is neither" || true
+	$(PY) -c "import flwr, ray"
+	touch $@
+
 # ---- data ---------------------------------------------------------------------------
 $(DATA_STAMP): $(STAMP)
 	$(PY) -m fedlib data fashionmnist mnist
@@ -47,11 +54,11 @@ book: notebooks
 	@echo "book: $(CURDIR)/book/_build/html/index.html"
 
 # ---- tests ------------------------------------------------------------------------------
-test: $(DATA_STAMP)
+test: $(DATA_STAMP) $(FLOWER_STAMP)
 	$(VENV)/bin/ruff check fedlib studies tests
 	$(PY) -m pytest -m "not heavy"
 
-test-full: $(DATA_STAMP)
+test-full: $(DATA_STAMP) $(FLOWER_STAMP)
 	$(VENV)/bin/ruff check fedlib studies tests
 	$(PY) -m pytest
 

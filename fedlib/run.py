@@ -127,11 +127,20 @@ class Experiment:
         """Round ``t``'s sampled clients and the engine's work for them (``offset``: where this
         run's training samples start in the tensor the engine indexes, see :func:`run_many`).
         The work has no plan when no client was sampled (possible under Poisson sampling)."""
-        c, algo = self.config, self.algo
+        algo = self.algo
         selected = algo.sample_clients(t)
         ctx = RoundContext(t, self.gparams, algo.hyper(t), algo.broadcast(self.server_state))
         if not selected:
             return selected, Work(None, None, ctx)  # type: ignore[arg-type]
+        plan = self.plan(t, selected, self.gparams)
+        sel = torch.tensor(selected, device=self.device, dtype=torch.long)
+        return selected, Work(plan.offset(offset), tmap(lambda s: s[sel], self.client_states), ctx)
+
+    def plan(self, t: int, selected: list[int], gparams: dict[str, torch.Tensor]):
+        """The minibatches (and, under record-level DP-SGD, the step noise) of ``selected`` in
+        round ``t``. Each client's rows depend only on its own id, so a client that computes its
+        plan alone (:mod:`fedlib.flower`) gets the same batches as in the whole round's plan."""
+        c, algo = self.config, self.algo
         parts = [self.parts[i] for i in selected]
         common = {"batch_size": c.batch_size, "epochs": c.local_epochs, "seed": c.seed, "round_": t,
                   "device": self.device, "dropout": c.dropout if algo.uses_dropout() else 0.0,
@@ -141,26 +150,34 @@ class Experiment:
             plan = make_poisson_plan(parts, selected, keys, **common)
         else:
             plan = make_plan(parts, selected, **common)
-        noise = algo.step_noise(t, self.gparams)
-        if noise is not None:
-            plan = dataclasses.replace(plan, noise=noise)
-        sel = torch.tensor(selected, device=self.device, dtype=torch.long)
-        return selected, Work(plan.offset(offset), tmap(lambda s: s[sel], self.client_states), ctx)
+        noise = algo.step_noise(t, gparams)
+        return plan if noise is None else dataclasses.replace(plan, noise=noise)
 
     def finish(self, selected: list[int], work: Work, outputs) -> dict[str, float]:
         """Privatize the uploads, update the client states and the global model; return the
         round's training metrics."""
-        algo, ctx = self.algo, work.ctx
+        if not selected:
+            return self.aggregate(selected, work.ctx, None, None, {})
+        uploads, new_cstates, metrics = outputs
+        uploads, stats = self.algo.privatize(uploads, selected, work.ctx)
+        sel = torch.tensor(selected, device=self.device, dtype=torch.long)
+        self.client_states = tmap(lambda all_, new: all_.index_copy(0, sel, new),
+                                  self.client_states, new_cstates)
+        return self.aggregate(selected, work.ctx, uploads, metrics, stats)
+
+    def aggregate(self, selected: list[int], ctx: RoundContext, uploads, metrics,
+                  stats: dict[str, float]) -> dict[str, float]:
+        """The server's half of a round: update the global model from the (already privatized)
+        uploads of ``selected`` (stacked in that order; None when no client was sampled) and
+        return the round's training metrics. Also the entry point of a server that receives the
+        uploads over a network (:mod:`fedlib.flower`)."""
+        algo = self.algo
         sel = torch.tensor(selected, device=self.device, dtype=torch.long)
         if not selected:  # the server step still runs (DP noise)
             self.gparams, self.server_state = algo.server_update(
                 self.gparams, self.server_state, algo.empty_uploads(self.gparams), self.sizes[sel], ctx)
             return {"train_loss": float("nan"), "clients": 0, "bytes_up": 0, "bytes_down": 0,
                     **algo.round_metrics(self.server_state, ctx), **self._account(ctx)}
-        uploads, new_cstates, metrics = outputs
-        uploads, stats = algo.privatize(uploads, selected, ctx)
-        self.client_states = tmap(lambda all_, new: all_.index_copy(0, sel, new),
-                                  self.client_states, new_cstates)
         self.gparams, self.server_state = algo.server_update(self.gparams, self.server_state,
                                                              uploads, self.sizes[sel], ctx)
         up = sum(algo.upload_bytes(tmap(lambda u, i=i: u[i], uploads)) for i in range(len(selected)))
@@ -233,6 +250,9 @@ class _Trainee:
         self.exp = Experiment(config, dev)
         self.history: list[dict] = []
         self.first_round = 0
+        #: Report personalised accuracy at the last round (False where the personal models live
+        #: elsewhere, e.g. on Flower clients).
+        self.personal = True
         self.ckpt = checkpoint_path(config, root)
         self.out = result_path(config, root)
         if self.ckpt.exists() and not force:
@@ -246,7 +266,7 @@ class _Trainee:
         if (t + 1) % config.eval_every == 0 or t + 1 == config.rounds:
             t1 = time.time()
             rec.update(exp.evaluate())
-            if t + 1 == config.rounds:
+            if t + 1 == config.rounds and self.personal:
                 rec.update(exp.personal_accuracy())
             rec["eval_s"] = time.time() - t1
         else:

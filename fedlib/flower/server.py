@@ -1,0 +1,159 @@
+"""The Flower server side: a ``Strategy`` whose aggregation is the fedlib algorithm's server step.
+
+:class:`FedlibStrategy` keeps the run's server half (:class:`fedlib.run.Experiment`: the global
+model, the server state, the accountant, the test set). Each round it samples the clients the
+algorithm would sample, sends each one's node the global model and the broadcast, and hands the
+replies, stacked in client order, to :meth:`Experiment.aggregate` (the algorithm's
+``server_update``: central DP noise, adaptive clipping, pruning masks) and the accountant.
+Evaluation is centralised on the server's test set, as in fedlib's engine.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from logging import INFO
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import Strategy
+
+from fedlib.algorithms.base import RoundContext
+from fedlib.config import Config
+from fedlib.flower.records import from_records, to_records
+from fedlib.tree import stack
+
+#: How long the server waits for every node to connect, in seconds.
+CONNECT_TIMEOUT_S = 300.0
+
+
+def discover(grid: Grid, config: Config, threads: int = 1) -> dict[int, int]:
+    """fedlib client id -> Flower node id, asked of every connected node (a ``query`` message).
+    Waits until ``config.clients`` nodes are connected; clients 0..N-1 must each be played by one
+    node (nodes playing higher ids sit this run out)."""
+    start = time.time()
+    while len(nodes := list(grid.get_node_ids())) < config.clients:
+        if time.time() - start > CONNECT_TIMEOUT_S:
+            raise TimeoutError(f"{len(nodes)} of {config.clients} nodes connected "
+                               f"after {CONNECT_TIMEOUT_S} s")
+        time.sleep(0.5)
+    job = ConfigRecord({"config": json.dumps(config.to_dict()), "threads": threads})
+    replies = list(grid.send_and_receive([Message(RecordDict({"job": job}), dst_node_id=n,
+                                                  message_type=MessageType.QUERY) for n in nodes]))
+    _raise_errors(replies)
+    ids = [int(r.content["info"]["client"]) for r in replies]
+    missing = sorted(set(range(config.clients)) - set(ids))
+    if missing or len(set(ids)) != len(ids):
+        raise RuntimeError(f"nodes must play clients 0..{config.clients - 1} once each; missing {missing}, "
+                           f"played: {sorted(ids)}")
+    return {cid: r.metadata.src_node_id for cid, r in zip(ids, replies, strict=True) if cid < config.clients}
+
+
+def _raise_errors(replies: list[Message]) -> None:
+    errors = [r.error for r in replies if r.has_error()]
+    if errors:
+        raise RuntimeError(f"{len(errors)} client(s) failed; first: {errors[0].reason}")
+
+
+class FedlibStrategy(Strategy):
+    """A Flower strategy that runs one fedlib configuration's server.
+
+    ``on_round(t, rec, wall_s)`` receives each round's training metrics (the same record as
+    fedlib's engine makes) and the round's wall time, from sending to aggregating.
+    """
+
+    def __init__(self, experiment, nodes: dict[int, int], on_round: Callable[[int, dict, float], None],
+                 threads: int = 1):
+        self.exp = experiment
+        self.nodes = nodes
+        self.on_round = on_round
+        self.job = {"config": json.dumps(experiment.config.to_dict()), "threads": threads}
+        self._round: tuple[list[int], RoundContext, float] | None = None
+
+    def summary(self) -> None:
+        c = self.exp.config
+        log(INFO, "\t├── fedlib algorithm: %s (%d clients)", c.algorithm, c.clients)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        exp, algo = self.exp, self.exp.algo
+        t = server_round - 1
+        selected = algo.sample_clients(t)
+        ctx = RoundContext(t, exp.gparams, algo.hyper(t), algo.broadcast(exp.server_state))
+        self._round = (selected, ctx, time.time())
+        global_arrays, _ = to_records(exp.gparams)
+        shared, shared_scalars = to_records(ctx.shared)
+        job = ConfigRecord({**self.job, "round": t})
+        content = {"global": global_arrays, "shared": shared, "shared_scalars": shared_scalars, "job": job}
+        return [Message(RecordDict(content), dst_node_id=self.nodes[cid], message_type=MessageType.TRAIN,
+                        group_id=str(server_round))
+                for cid in selected]
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        assert self._round is not None
+        selected, ctx, t0 = self._round
+        replies = list(replies)
+        _raise_errors(replies)
+        by_client = {int(r.content["info"]["client"]): r.content for r in replies}
+        if sorted(by_client) != sorted(selected):
+            raise RuntimeError(f"round {server_round}: replies from clients {sorted(by_client)}, "
+                               f"expected {selected}")
+        dev = self.exp.device
+        uploads = metrics = None
+        stats: dict[str, Any] = {}
+        if selected:
+            uploads = stack([from_records(by_client[c]["upload"], device=dev) for c in selected])
+            metrics = stack([from_records(by_client[c]["metrics"], device=dev) for c in selected])
+            per_client = [json.loads(by_client[c]["info"]["stats"]) for c in selected]
+            stats = {k: sum(s[k] for s in per_client) / len(per_client) for k in per_client[0]}
+        rec = self.exp.aggregate(selected, ctx, uploads, metrics, stats)
+        self.on_round(ctx.t, rec, time.time() - t0)
+        numeric = {k: float(v) for k, v in rec.items() if isinstance(v, (int, float)) and v == v}
+        return to_records(self.exp.gparams)[0], MetricRecord(numeric)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        return []  # evaluation is centralised (the server's test set), as in fedlib's engine
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return None
+
+
+def server_app(configs: list[Config] | None, start: Callable[[Config], Any],
+               on_round: Callable[[int, dict, float], None], threads: int = 1) -> ServerApp:
+    """A ``ServerApp`` that trains ``configs`` one after another with :class:`FedlibStrategy` over
+    the same nodes (or, when None, the config in the run config's ``fedlib-config`` entry, a JSON
+    string). ``start(config)`` returns the run's server-side :class:`~fedlib.run.Experiment`."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        todo = configs or [Config.from_dict(json.loads(str(context.run_config["fedlib-config"]))).validate()]
+        for cfg in todo:
+            exp = start(cfg)
+            nodes = discover(grid, cfg, threads)
+            strategy = FedlibStrategy(exp, nodes, on_round, threads)
+            strategy.start(grid, to_records(exp.gparams)[0], num_rounds=cfg.rounds)
+
+    return app
+
+
+def _deployment_app() -> ServerApp:
+    """The ``ServerApp`` for ``flwr run`` on a SuperLink (see the Flower page of the book): the
+    config comes from the run config, metrics are logged, the result is written on the server."""
+    from fedlib.flower.simulation import ResultWriter
+
+    writer = ResultWriter.for_deployment()
+    return server_app(None, writer.start, writer.on_round)
+
+
+def __getattr__(name: str) -> Any:  # ``fedlib.flower.server:app`` for Flower's app loader
+    if name == "app":
+        return _deployment_app()
+    raise AttributeError(name)
+
+

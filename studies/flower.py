@@ -1,0 +1,99 @@
+"""The Flower page: the same configurations trained by fedlib's engine and by Flower.
+
+The configurations are MOON-DPAP Fig. 1's FedAvg, SCAFFOLD and MOON-DPAP runs and Fig. 2's
+client-level DP run (eq. 5 schedule), so the engine's side is the committed results of those
+pages. The Flower side is :func:`fedlib.flower.run_flower_many` (one simulation for all of them),
+stored under ``<results>/flower/``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fedlib.results import Result, result_path
+from studies.common import ConfigSet, Runs, read_roots, write_root
+from studies.moon_dpap import pages
+
+LABELS = {"fedavg": "FedAvg", "scaffold": "SCAFFOLD", "moon_dpap": "MOON-DPAP"}
+DP_LABEL = "MOON-DPAP, client-level DP (eq. 5)"
+
+
+def configs(profile: str, n_seeds: int | None = None) -> ConfigSet:
+    """The page's configurations, labelled (one per seed)."""
+    f1, f2 = pages.fig1(profile, n_seeds), pages.fig2(profile, n_seeds)
+    return {**{label: f1[name] for name, label in LABELS.items()},
+            DP_LABEL: f2["moon_dpap (DP, eq. 5 schedule)"]}
+
+
+def run_flower_all(cs: ConfigSet, seeds: int | None = None, progress: bool = False) -> Runs:
+    """The Flower results of ``cs`` (of each label's first ``seeds`` configs when given):
+    committed ones where they exist, the rest trained through one Flower simulation (this needs
+    the optional extra: ``pip install -e '.[flower]'``)."""
+    from fedlib.flower.simulation import FLOWER_DIR
+
+    cs = {label: group[:seeds] if seeds else group for label, group in cs.items()}
+    found: dict[str, Result] = {}
+    missing = []
+    for c in (c for group in cs.values() for c in group):
+        paths = [result_path(c, root / FLOWER_DIR) for root in read_roots()]
+        hit = next((p for p in paths if p.exists()), None)
+        if hit is not None:
+            found[c.key()] = Result.load(hit)
+        else:
+            missing.append(c)
+    if missing:
+        from fedlib.flower.simulation import run_flower_many
+
+        for c, r in zip(missing, run_flower_many(missing, root=write_root(), progress=progress), strict=True):
+            found[c.key()] = r
+    return Runs({label: [found[c.key()] for c in group] for label, group in cs.items()})
+
+
+def curves(engine: Runs, flower: Runs) -> pd.DataFrame:
+    """Test accuracy (%) per round, label, engine and seed (long format, for plotting)."""
+    rows = []
+    for name, runs in (("fedlib engine", engine), ("Flower", flower)):
+        for label, results in runs.results.items():
+            for r in results:
+                for h in r.history:
+                    if h.get("test_acc") is not None:
+                        rows.append({"method": label, "engine": name, "seed": r.config.seed,
+                                     "round": h["round"], "accuracy": 100 * h["test_acc"]})
+    return pd.DataFrame(rows)
+
+
+def comparison(engine: Runs, flower: Runs) -> pd.DataFrame:
+    """One row per method: final accuracy of both engines (mean and sd over seeds), the largest
+    per-seed difference, seconds per round and Flower's start-up and peak memory."""
+    rows = []
+    for label, eng in engine.results.items():
+        flo = flower.results[label]
+        a = {r.config.seed: 100 * r.final["test_acc"] for r in eng}
+        b = {r.config.seed: 100 * r.final["test_acc"] for r in flo}
+        sd = lambda x: float(np.std(x, ddof=1)) if len(x) > 1 else float("nan")  # noqa: E731
+        rows.append({
+            "method": label, "engine seeds": len(a), "Flower seeds": len(b),
+            "engine acc (%)": np.mean(list(a.values())), "engine sd": sd(list(a.values())),
+            "Flower acc (%)": np.mean(list(b.values())),
+            "max |diff| same seed (pp)": max(abs(a[s] - b[s]) for s in b),
+            "agree within noise": (agree_within_noise(list(a.values()), list(b.values()))
+                                   if len(a) + len(b) >= 3 else None),
+            "engine s/round": float(np.mean([np.mean([h["wall_s"] for h in r.history]) for r in eng])),
+            "Flower s/round": float(np.mean([np.mean([h["wall_s"] for h in r.history]) for r in flo])),
+        })
+    return pd.DataFrame(rows)
+
+
+def agree_within_noise(engine_pct: list[float], flower_pct: list[float], margin_pp: float = 0.5) -> bool:
+    """Whether two engines' final accuracies (%, one per seed) agree within noise: the difference
+    of their means is at most twice its standard error, from the seed-to-seed spread (pooled over
+    the engines' seeds; at least two seeds needed in all) plus ``margin_pp`` for float rounding,
+    which the chaotic dynamics of training can amplify."""
+    a, b = np.asarray(engine_pct, float), np.asarray(flower_pct, float)
+    if len(a) + len(b) < 3:
+        raise ValueError("agreement within noise needs a seed-to-seed spread: at least 3 runs in all")
+    pooled = np.concatenate([a - a.mean(), b - b.mean()])
+    sd = np.sqrt((pooled**2).sum() / (len(a) + len(b) - 2))
+    se = sd * np.sqrt(1 / len(a) + 1 / len(b))
+    return bool(abs(a.mean() - b.mean()) <= 2 * se + margin_pp)

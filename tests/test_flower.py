@@ -1,0 +1,127 @@
+"""fedlib's algorithms through Flower (fedlib.flower) compute what fedlib's engine computes.
+
+Each configuration is trained twice, by the engine's sequential path and by Flower's simulation
+engine (one Ray session for all of them), and the two final global models must agree to float
+tolerance: both consume the same client sampling, minibatches, dropout masks and privacy noise
+(keyed by config, round and client), so only float32 rounding differs (Flower's clients run on
+one thread, the engine on several; atol 1e-5 is about 50x the 2e-7 measured after two rounds,
+well below the 1e-3 effect of one changed minibatch or noise draw).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("flwr", reason="the Flower extra is not installed (make test installs it)")
+
+from fedlib.config import Config, ConfigError  # noqa: E402
+from fedlib.flower import check_supported  # noqa: E402
+from fedlib.flower.records import from_records, to_records  # noqa: E402
+from fedlib.results import model_path  # noqa: E402
+from fedlib.run import run  # noqa: E402
+
+SMOKE = {"clients": 3, "rounds": 2, "train_samples": 600, "test_samples": 200, "profile": "smoke"}
+CASES = {
+    "fedavg": Config(algorithm="fedavg", **SMOKE),
+    # control variates in the client state and the server's broadcast
+    "scaffold": Config(algorithm="scaffold", **SMOKE),
+    # every MOON-DPAP component: previous model kept per client, pruning masks broadcast, cosine
+    # lr, and client-level central DP (clip on the client, noise and accountant on the server)
+    "moon_dpap_dp": Config(algorithm="moon_dpap", cosine_lr=True, prune=True, dp="central",
+                           dp_epsilon_per_round=1.0, dropout=0.2, **SMOKE),
+    # Poisson client sampling and a scalar broadcast (the adaptive clip norm)
+    "dp_fedavg": Config(algorithm="dp_fedavg", client_fraction=0.7, adaptive_clip=True,
+                        dp_noise_multiplier=0.1, **SMOKE),
+}
+
+
+@pytest.fixture(scope="module")
+def flower_results(tmp_path_factory):
+    from fedlib.flower.simulation import run_flower_many
+
+    root = tmp_path_factory.mktemp("flower")
+    configs = [c.validate() for c in CASES.values()]
+    return root, dict(zip(CASES, run_flower_many(configs, root=root, cpus=2, progress=False), strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_flower_gives_the_engines_global_model(name, flower_results, tmp_path):
+    root, results = flower_results
+    config = CASES[name]
+    ours = results[name]
+    assert ours.meta["engine"] == "flower" and ours.meta["flower"]["flwr"]
+    assert ours.meta["config_key"] == config.key() and len(ours.history) == config.rounds
+    engine = run(config, engine="sequential", root=tmp_path, progress=False)
+    a = torch.load(model_path(config, root / "flower"), weights_only=True)
+    b = torch.load(model_path(config, tmp_path), weights_only=True)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-5, msg=f"{name}: {k}")
+    for key in ("clients", "bytes_up", "epsilon_spent"):
+        assert [h.get(key) for h in ours.history] == pytest.approx([h.get(key) for h in engine.history])
+    assert ours.final["train_loss"] == pytest.approx(engine.final["train_loss"], rel=1e-4, nan_ok=True)
+    if "privacy" in engine.meta:
+        assert ours.meta["privacy"]["statement"] == engine.meta["privacy"]["statement"]
+
+
+def test_records_round_trip_is_lossless():
+    tree = {"delta": {"w": torch.randn(3, 4), "b": torch.tensor(0.25)}, "clip": 0.5}
+    back = from_records(*to_records(tree))
+    assert torch.equal(back["delta"]["w"], tree["delta"]["w"]) and back["delta"]["b"].shape == ()
+    assert back["clip"] == 0.5
+
+
+def test_unsupported_configs_are_refused_before_any_work():
+    for algo in ("ldp_fl", "signds_fl", "fdl"):
+        with pytest.raises(ConfigError, match="not supported through Flower"):
+            check_supported(Config(algorithm=algo))
+    from fedlib.flower.__main__ import main
+
+    assert main(["run", "--algorithm", "fdl", "--clients", "3"]) == 2
+
+
+def test_cli_json_line(capsys, tmp_path, monkeypatch, flower_results):
+    """The command loads an existing Flower result (here the fixture's) and prints one JSON line."""
+    root, results = flower_results
+    monkeypatch.setenv("FEDLIB_RESULTS_DIR", str(root))
+    from fedlib.flower.__main__ import main
+
+    c = CASES["fedavg"]
+    args = ["run", "--algorithm", "fedavg", "--no-progress", "--json"]
+    args += [f"--{k.replace('_', '-')}={v}" for k, v in SMOKE.items()]
+    assert main(args) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["config_key"] == c.key() and line["engine"] == "flower"
+    assert line["test_acc"] == results["fedavg"].final["test_acc"]
+
+
+def test_agree_within_noise_on_both_sides_of_its_threshold():
+    from studies.flower import agree_within_noise
+
+    engine = [60.0, 62.0, 64.0]  # sd 2, one Flower seed: se = 2 * sqrt(1/3 + 1) = 2.31
+    assert agree_within_noise(engine, [62.0 + 2 * 2.31 + 0.5 - 0.01])
+    assert not agree_within_noise(engine, [62.0 + 2 * 2.31 + 0.5 + 0.01])
+    assert agree_within_noise([50.0, 50.0], [50.2])  # no spread: the rounding margin alone
+    with pytest.raises(ValueError, match="at least 3 runs"):
+        agree_within_noise([50.0], [50.0])
+
+
+def test_committed_quick_runs_agree_within_noise():
+    """SCAFFOLD and MOON-DPAP with client-level DP, committed at the quick profile through both
+    engines (the Flower page's evidence), reach the same accuracy within noise."""
+    from fedlib.flower.simulation import flower_results_dir
+    from fedlib.results import REPO_ROOT, Result, result_path
+    from studies import flower
+
+    committed = REPO_ROOT / "data" / "results"
+    configs = flower.configs("quick")
+    for label in ("SCAFFOLD", flower.DP_LABEL):
+        engine = [result_path(c, committed) for c in configs[label]]
+        through = [result_path(c, flower_results_dir(committed)) for c in configs[label]]
+        assert all(p.exists() for p in engine + through), f"{label}: committed results missing"
+        acc = lambda paths: [100 * Result.load(p).final["test_acc"] for p in paths]  # noqa: E731
+        assert flower.agree_within_noise(acc(engine), acc(through)), (label, acc(engine), acc(through))
