@@ -8,10 +8,12 @@ stored under ``<results>/flower/``.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 
-from fedlib.results import Result, result_path
+from fedlib.results import REPO_ROOT, Result, result_path
 from studies.common import ConfigSet, Runs, read_roots, write_root
 from studies.moon_dpap import pages
 
@@ -79,10 +81,24 @@ def comparison(engine: Runs, flower: Runs) -> pd.DataFrame:
             "max |diff| same seed (pp)": max(abs(a[s] - b[s]) for s in b),
             "agree within noise": (agree_within_noise(list(a.values()), list(b.values()))
                                    if len(a) + len(b) >= 3 else None),
-            "engine s/round": float(np.mean([np.mean([h["wall_s"] for h in r.history]) for r in eng])),
-            "Flower s/round": float(np.mean([np.mean([h["wall_s"] for h in r.history]) for r in flo])),
         })
     return pd.DataFrame(rows)
+
+
+def timing() -> tuple[pd.DataFrame, dict] | None:
+    """The latest committed measurement of both engines' time and memory
+    (``data/bench/flower/``, written by ``python -m fedlib.tools.flower_bench --save``): a table
+    and its provenance, or None when none is committed."""
+    files = sorted((REPO_ROOT / "data" / "bench" / "flower").glob("*.json"))
+    if not files:
+        return None
+    d = json.loads(files[-1].read_text())
+    table = pd.DataFrame(d["rows"]).rename(columns={"engine": "path"})
+    table = table.rename(columns={"engine_name": "engine"})
+    table["peak memory (GiB)"] = table.pop("peak_rss_mb") / 1024
+    table = table.rename(columns={"s_per_round": "s/round", "startup_s": "start-up (s)"})
+    return table[["method", "engine", "rounds", "s/round", "start-up (s)", "peak memory (GiB)"]], {
+        **d["provenance"], "time": d["time"], "file": files[-1].name}
 
 
 def agree_within_noise(engine_pct: list[float], flower_pct: list[float], margin_pp: float = 0.5) -> bool:

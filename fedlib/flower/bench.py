@@ -1,0 +1,76 @@
+"""Time and memory of one configuration trained by fedlib's engine and through Flower, measured
+one after the other on the same idle machine (``python -m fedlib.flower bench --save``).
+
+For each configuration: seconds per round (the median over rounds after the first, which pays
+for loading and warming up), start-up (from the call to the first round), and the peak resident
+memory of the whole process tree (for Flower: server, Ray and its workers), sampled every 0.25 s.
+Both write their results to a temporary folder: nothing is cached or committed but the summary,
+``data/bench/flower/<device>-<date>.json`` with provenance.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from fedlib.config import Config
+from fedlib.results import REPO_ROOT, atomic_write_bytes, provenance
+
+
+def _per_round(history: list[dict]) -> float:
+    walls = [h["wall_s"] for h in history[1:]] or [h["wall_s"] for h in history]
+    return statistics.median(walls)
+
+
+def measure_engine(config: Config, engine: str = "auto") -> dict:
+    """fedlib's engine on ``config`` (trained afresh into a temporary folder)."""
+    from fedlib.flower.simulation import MemorySampler
+    from fedlib.run import run
+
+    with tempfile.TemporaryDirectory() as tmp, MemorySampler() as memory:
+        t0 = time.time()
+        result = run(config, engine=engine, root=Path(tmp), force=True, progress=False)
+        total = time.time() - t0
+    return {"s_per_round": _per_round(result.history), "total_s": total,
+            "startup_s": total - sum(h["wall_s"] + (h.get("eval_s") or 0.0) for h in result.history),
+            "peak_rss_mb": memory.peak_mb, "engine": result.meta["engine"],
+            "test_acc": result.final["test_acc"]}
+
+
+def measure_flower(config: Config, cpus: int | None = None) -> dict:
+    """The same configuration through Flower's simulation engine (its own Ray session)."""
+    from fedlib.flower.simulation import run_flower_many
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.time()
+        result = run_flower_many([config], root=Path(tmp), force=True, cpus=cpus, progress=False)[0]
+        total = time.time() - t0
+    flower = result.meta["flower"]
+    return {"s_per_round": _per_round(result.history), "total_s": total, "startup_s": flower["startup_s"],
+            "peak_rss_mb": flower["peak_rss_mb"], "engine": "flower", "test_acc": result.final["test_acc"]}
+
+
+def compare(configs: dict[str, Config], cpus: int | None = None) -> list[dict]:
+    """One row per (label, engine)."""
+    rows = []
+    for label, config in configs.items():
+        for name, fn in (("fedlib engine", lambda c: measure_engine(c)),
+                         ("Flower", lambda c: measure_flower(c, cpus))):
+            rows.append({"method": label, "engine_name": name, "rounds": config.rounds,
+                         "config_key": config.key(), **fn(config)})
+    return rows
+
+
+def save(rows: list[dict], folder: Path | None = None) -> Path:
+    """``data/bench/flower/<device>-<date>.json`` (atomically), with provenance."""
+    folder = Path(folder or REPO_ROOT / "data" / "bench" / "flower")
+    path = folder / f"cpu-{time.strftime('%Y-%m-%d')}.json"
+    payload = {"rows": rows, "provenance": provenance(torch.device("cpu"), "flower"),
+               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    atomic_write_bytes(path, json.dumps(payload, indent=1).encode())
+    return path
