@@ -79,23 +79,42 @@ def test_a_rerun_outside_the_book_changes_no_tracked_file(tmp_path, monkeypatch)
     assert list((tmp_path / "scratch" / "results").glob("dp_fedavg-*.json"))
 
 
+def _execute_smoke(job: tuple[Path, Path]) -> str | None:
+    """Execute one notebook at the smoke profile; its error message, or None."""
+    src, dst = job
+    try:
+        execute_timed(src, dst, {"profile": "smoke"})
+        return None
+    except Exception as e:  # noqa: BLE001 - reported by the per-notebook test
+        return f"{type(e).__name__}: {str(e)[-2000:]}"
+
+
 @pytest.fixture(scope="session")
 def smoke_book(tmp_path_factory):
     """A copy of ``book/`` whose chapters are every notebook executed under the smoke profile
-    (results in a temporary folder). Returns (book dir, {stem: error message or None})."""
+    (results in a temporary folder). Returns (book dir, {stem: error message or None}).
+
+    The chapters run two at a time in forked worker processes (each notebook is a kernel of its
+    own, and starting one costs seconds of imports that a second core absorbs); the summary
+    pages, which read what the others recorded, run last, one after the other."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    from fedlib.tools.notebooks import SUMMARY_PAGES
+
     root = tmp_path_factory.mktemp("smoke")
     book = root / "book"
     shutil.copytree(BOOK, book, ignore=shutil.ignore_patterns("_build", "*.ipynb"))
     saved = os.environ.get("FEDLIB_RESULTS_DIR")
     os.environ["FEDLIB_RESULTS_DIR"] = str(root / "data" / "results")
-    errors = {}
+    chapters = [s for s in SOURCES if s.stem not in SUMMARY_PAGES]
+    summaries = [s for s in SOURCES if s.stem in SUMMARY_PAGES]
     try:
-        for src in SOURCES:
-            try:
-                execute_timed(src, book / "chapters" / src.name, {"profile": "smoke"})
-                errors[src.stem] = None
-            except Exception as e:  # noqa: BLE001 - reported by the per-notebook test
-                errors[src.stem] = f"{type(e).__name__}: {str(e)[-2000:]}"
+        with ProcessPoolExecutor(max_workers=2, mp_context=mp.get_context("fork")) as pool:
+            jobs = [(src, book / "chapters" / src.name) for src in chapters]
+            errors = dict(zip([s.stem for s in chapters], pool.map(_execute_smoke, jobs), strict=True))
+        for src in summaries:
+            errors[src.stem] = _execute_smoke((src, book / "chapters" / src.name))
     finally:
         if saved is None:
             os.environ.pop("FEDLIB_RESULTS_DIR", None)
