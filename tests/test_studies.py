@@ -113,3 +113,14 @@ def test_federation_sizes_hold_data_fixed_and_give_every_point_a_baseline():
     assert set(per_client.values()) == {60.0}
     for v, n, _ in fs:
         assert (v, n, None) in fs  # a non-private twin
+
+
+def test_paired_round_times_align_the_variants_round_by_round():
+    """The DP-cost page times its variants in turns; every variant gets one time per kept round."""
+    from studies.dpfl import pages, settings
+
+    cfg = settings.config_for("smoke", 1.0, 0).replace(rounds=3)
+    times = pages.paired_round_times({"fedavg": cfg.replace(algorithm="fedavg"), "dp": cfg}, rounds=3)
+    assert set(times) == {"fedavg", "dp"}
+    assert len(times["fedavg"]) == len(times["dp"]) >= 1
+    assert all(np.all(v > 0) for v in times.values())

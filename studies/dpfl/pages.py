@@ -257,27 +257,34 @@ def loglog_slope(x: np.ndarray, y: np.ndarray) -> float:
 
 
 # ---- the cost of DP --------------------------------------------------------------------------
-def round_times(config: Config, rounds: int = 10) -> np.ndarray:
-    """Wall time of each of ``rounds`` rounds of ``config`` on the sequential engine (one process,
-    so the comparison is not blurred by worker scheduling), after one warm-up round, each scaled
-    to the *expected* number of clients (Poisson sampling varies the count)."""
+def paired_round_times(configs: dict[str, Config], rounds: int = 10) -> dict[str, np.ndarray]:
+    """Wall time of ``rounds`` rounds of each config, the configs taking turns round by round
+    (A, B, C, A, B, C, ...) after one warm-up round each, so that a machine that slows down or
+    speeds up during the measurement affects every config alike and ``times[b][i] / times[a][i]``
+    is a paired ratio. Each time is scaled to the expected number of clients (Poisson sampling
+    varies the count); sequential engine, one process, evaluation not included."""
     from fedlib.engine import Executor
 
-    exp = Experiment(config, torch.device("cpu"))
-    expected = config.client_fraction * config.clients
-    times = []
-    with Executor("sequential", exp.algo, exp.data.x_train, exp.data.y_train) as ex:
+    exps = {name: Experiment(c, torch.device("cpu")) for name, c in configs.items()}
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    executors = {name: Executor("sequential", e.algo, e.data.x_train, e.data.y_train)
+                 for name, e in exps.items()}
+    try:
         for t in range(rounds + 1):
-            t0 = time.perf_counter()
-            rec = exp.round(t, ex)
-            if rec["clients"] and t > 0:
-                times.append((time.perf_counter() - t0) * expected / rec["clients"])
-    return np.array(times)
-
-
-def time_rounds(config: Config, rounds: int = 10) -> float:
-    """Median of :func:`round_times`."""
-    return float(np.median(round_times(config, rounds)))
+            turn = {}
+            for name, exp in exps.items():
+                c = configs[name]
+                t0 = time.perf_counter()
+                rec = exp.round(t, executors[name])
+                turn[name] = ((time.perf_counter() - t0) * c.client_fraction * c.clients / rec["clients"]
+                              if rec["clients"] else None)
+            if t > 0 and all(v is not None for v in turn.values()):  # keep the pairs aligned
+                for name, v in turn.items():
+                    times[name].append(v)
+    finally:
+        for ex in executors.values():
+            ex.close()
+    return {name: np.array(v) for name, v in times.items()}
 
 
 # ---- the setting, and the teaching page -------------------------------------------------------------
