@@ -98,15 +98,23 @@ def make_plan(client_indices: list[np.ndarray], client_ids: list[int], *, batch_
             perm = rng.permutation(idx)
             b.extend(perm[i:i + batch_size] for i in range(0, len(perm), batch_size))
         batches.append(b)
+    return _padded_plan(batches, batch_size, client_ids, dropout=dropout, repr_dim=repr_dim, seed=seed,
+                        round_=round_, device=device)
+
+
+def _padded_plan(batches: list[list[np.ndarray]], width: int, client_ids: list[int], *, dropout: float,
+                 repr_dim: int, seed: int, round_: int, device: torch.device) -> RoundPlan:
+    """Each client's minibatches (index arrays) padded to the round's most steps and to ``width``
+    samples (weight 0 where padded), with their dropout masks."""
     steps = [len(b) for b in batches]
     c, s = len(batches), max(steps)
-    idx_arr = np.zeros((c, s, batch_size), dtype=np.int64)
-    w_arr = np.zeros((c, s, batch_size), dtype=np.float32)
+    idx_arr = np.zeros((c, s, width), dtype=np.int64)
+    w_arr = np.zeros((c, s, width), dtype=np.float32)
     for i, b in enumerate(batches):
         for j, chunk in enumerate(b):
             idx_arr[i, j, :len(chunk)] = chunk
             w_arr[i, j, :len(chunk)] = 1.0
-    drop = _dropout_masks(client_ids, steps=s, width=batch_size, dropout=dropout, repr_dim=repr_dim,
+    drop = _dropout_masks(client_ids, steps=s, width=width, dropout=dropout, repr_dim=repr_dim,
                           seed=seed, round_=round_, device=device)
     return RoundPlan(torch.from_numpy(idx_arr).to(device), torch.from_numpy(w_arr).to(device),
                      steps, drop, list(client_ids))
@@ -141,19 +149,9 @@ def make_poisson_plan(client_indices: list[np.ndarray], client_ids: list[int], k
         rng = np.random.default_rng(list(key))
         q, k = min(1.0, batch_size / n), math.ceil(epochs * n / batch_size)
         batches.append([idx[rng.random(n) < q] for _ in range(k)])
-    steps = [len(b) for b in batches]
-    c, s = len(batches), max(steps)
     width = max(1, max(len(chunk) for b in batches for chunk in b))
-    idx_arr = np.zeros((c, s, width), dtype=np.int64)
-    w_arr = np.zeros((c, s, width), dtype=np.float32)
-    for i, b in enumerate(batches):
-        for j, chunk in enumerate(b):
-            idx_arr[i, j, :len(chunk)] = chunk
-            w_arr[i, j, :len(chunk)] = 1.0
-    drop = _dropout_masks(client_ids, steps=s, width=width, dropout=dropout, repr_dim=repr_dim,
-                          seed=seed, round_=round_, device=device)
-    return RoundPlan(torch.from_numpy(idx_arr).to(device), torch.from_numpy(w_arr).to(device),
-                     steps, drop, list(client_ids))
+    return _padded_plan(batches, width, client_ids, dropout=dropout, repr_dim=repr_dim, seed=seed,
+                        round_=round_, device=device)
 
 
 def _batch(x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor,

@@ -84,10 +84,10 @@ class FedlibStrategy(Strategy):
         selected = algo.sample_clients(t)
         ctx = RoundContext(t, exp.gparams, algo.hyper(t), algo.broadcast(exp.server_state))
         self._round = (selected, ctx, time.time())
-        global_arrays, _ = to_records(exp.gparams)
         shared, shared_scalars = to_records(ctx.shared)
         job = ConfigRecord({**self.job, "round": t})
-        content = {"global": global_arrays, "shared": shared, "shared_scalars": shared_scalars, "job": job}
+        # ``arrays`` is exp.gparams as encoded by aggregate_train (or by main before round 1)
+        content = {"global": arrays, "shared": shared, "shared_scalars": shared_scalars, "job": job}
         return [Message(RecordDict(content), dst_node_id=self.nodes[cid], message_type=MessageType.TRAIN,
                         group_id=str(server_round))
                 for cid in selected]
