@@ -32,7 +32,17 @@ from typing import Any
 #: (one rule per version there). 2: privacy noise is floating-point safe, keyed on the whole
 #: config; MOON-DPAP's central noise follows replace-one (sensitivity 2C). 3: privacy budgets
 #: renamed to one meaning each (dp_epsilon, ldp_epsilon split by unit; results unchanged).
-RESULTS_VERSION = 3
+#: 4: local randomisers run in each client with generators keyed per client (LDP-FL, SignDS-FL,
+#: FDL draw anew; MOON-DPAP's local noise was already keyed per client), and DP-FedAvg's Poisson
+#: sample is keyed on the whole config.
+RESULTS_VERSION = 4
+
+#: The results version whose cache key also keys every privacy-noise and client-sampling stream
+#: (:meth:`Config.noise_key`). Frozen, never bumped: a :data:`RESULTS_VERSION` bump must not
+#: re-key the noise of results it carries over, or a kept result could no longer be reproduced
+#: from its config. (Versions 2 and 3 keyed noise on the current cache key; version 4's migration
+#: recomputes the noisy results that an earlier bump had carried over for that reason.)
+NOISE_KEY_VERSION = 3
 
 DATASET_SIZES = {"fashionmnist": (60_000, 10_000), "mnist": (60_000, 10_000)}
 MODELS = ("cnn", "mcmahan_cnn", "mlp")
@@ -211,6 +221,12 @@ class Config:
         changed = {k: v for k, v in self.to_dict().items() if v != defaults[k]}
         payload = json.dumps({"v": version, **changed}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def noise_key(self) -> str:
+        """The hash that keys this config's privacy noise and sampling: :meth:`key` under the frozen
+        :data:`NOISE_KEY_VERSION`, so it changes with every setting (two configs never share noise)
+        but not with a results-version bump."""
+        return self.key(version=NOISE_KEY_VERSION)
 
     @property
     def n_train(self) -> int:

@@ -24,7 +24,9 @@ Every path consumes the same :class:`RoundPlan` (minibatch indices, padding weig
 dropout masks drawn on the host from per-(seed, round, client) generators; for record-level
 DP-SGD, Poisson-sampled batches and a noise source keyed by (client, step), see
 :func:`make_poisson_plan`), so they compute the same function; tests check that they agree
-(exactly up to rounding in float64).
+(exactly up to rounding in float64). A client's local randomiser (local DP,
+:meth:`~fedlib.algorithms.base.Algorithm.release`) is the last step of its computation on every
+path, with generators keyed on (config, round, client), so it draws the same noise everywhere.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import numpy as np
 import torch
 from torch.func import vmap
 
-from fedlib.algorithms.base import Algorithm, RoundContext
+from fedlib.algorithms.base import RELEASE_PREFIX, Algorithm, RoundContext
 from fedlib.privacy.noise import StepNoise, generator_for
 from fedlib.streams import Stream
 from fedlib.tree import Tree, index, stack, tmap, where
@@ -84,6 +86,10 @@ class Work:
     plan: RoundPlan
     cstates: Tree  # stacked over the round's clients
     ctx: RoundContext
+    #: The run's own algorithm, whose :meth:`~fedlib.algorithms.base.Algorithm.release` each client
+    #: applies to its upload (runs of a run batch differ in budgets and noise keys); None: the
+    #: executor's.
+    algo: Algorithm | None = None
 
 
 def make_plan(client_indices: list[np.ndarray], client_ids: list[int], *, batch_size: int,
@@ -170,9 +176,18 @@ def _client_batch(x, y, plan: RoundPlan, i: int, s: int) -> dict:
                   None if plan.noise is None else plan.step_noise(i, s))
 
 
+def release_metrics(stats: dict[str, float], device: torch.device) -> dict[str, torch.Tensor]:
+    """A client's release statistics as metrics (``release.<name>``, float64 scalars)."""
+    return {RELEASE_PREFIX + k: torch.tensor(float(v), dtype=torch.float64, device=device)
+            for k, v in stats.items()}
+
+
 def run_sequential(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, plan: RoundPlan,
-                   cstates: Tree, ctx: RoundContext) -> Outputs:
-    """Reference path. ``cstates`` is stacked over the round's clients; so are the outputs."""
+                   cstates: Tree, ctx: RoundContext, releaser: Algorithm | None = None) -> Outputs:
+    """Reference path. ``cstates`` is stacked over the round's clients; so are the outputs. Each
+    client ends with its local randomiser (``releaser.release``, default ``algo``'s) when the
+    algorithm has one."""
+    releaser = releaser or algo
     uploads, new_states, metrics = [], [], []
     for i, k in enumerate(plan.steps):
         cstate = index(cstates, i)
@@ -180,6 +195,9 @@ def run_sequential(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, plan: Roun
         for step in range(k):
             s = algo.client_step(s, _client_batch(x, y, plan, i, step), cstate, ctx)
         up, cs, m = algo.client_final(s, cstate, ctx)
+        if releaser.releases_locally():
+            up, stats = releaser.release(up, plan.clients[i], ctx)
+            m = {**m, **release_metrics(stats, x.device)}
         uploads.append(up)
         new_states.append(cs)
         metrics.append(m)
@@ -389,10 +407,29 @@ def run_vectorized(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, works: lis
     inverse[order] = torch.arange(len(order), device=device)
     merged = tuple(tmap(lambda *vs: torch.cat(vs)[inverse], *[o[k] for o in done_out]) for k in range(3))
     results, start = [], 0
-    for n in rows_per_work:
-        results.append(tuple(tmap(lambda v, a=start, b=start + n: v[a:b], part) for part in merged))
+    for w, n in zip(works, rows_per_work, strict=True):
+        part = tuple(tmap(lambda v, a=start, b=start + n: v[a:b], p) for p in merged)
+        results.append(release_clients(w.algo or algo, *part, w.plan.clients, w.ctx))
         start += n
     return results  # type: ignore[return-value]
+
+
+def release_clients(algo: Algorithm, uploads: Tree, cstates: Tree, metrics: Tree, clients: list[int],
+                    ctx: RoundContext) -> Outputs:
+    """Each client's local randomiser on its own row of the stacked outputs (the vectorized path
+    runs it after the vmapped steps: its generators cannot run under ``vmap``)."""
+    if not algo.releases_locally():
+        return uploads, cstates, metrics
+    rows, extra = [], []
+    for i, cid in enumerate(clients):
+        up, stats = algo.release(index(uploads, i), cid, ctx)
+        rows.append(up)
+        extra.append(release_metrics(stats, ctx_device(ctx)))
+    return stack(rows), cstates, {**metrics, **stack(extra)}
+
+
+def ctx_device(ctx: RoundContext) -> torch.device:
+    return next(iter(ctx.gparams.values())).device
 
 
 # ---- the parallel path (CPU worker processes) -----------------------------------------------------
@@ -407,13 +444,17 @@ def subplan(plan: RoundPlan, rows: list[int]) -> RoundPlan:
 
 def _worker_loop(conn, algo: Algorithm, x: torch.Tensor, y: torch.Tensor) -> None:
     torch.set_num_threads(1)
+    releasers = {algo.config.key(): algo}  # a run batch's runs, built once each in this worker
     while True:
         msg = conn.recv()
         if msg is None:
             break
-        plan, cstates, ctx = msg
+        plan, cstates, ctx, config = msg
         try:
-            conn.send(("ok", run_sequential(algo, x, y, plan, cstates, ctx)))
+            if config is not None and config.key() not in releasers:
+                releasers[config.key()] = type(algo)(config, algo.model)
+            releaser = algo if config is None else releasers[config.key()]
+            conn.send(("ok", run_sequential(algo, x, y, plan, cstates, ctx, releaser)))
         except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises
             conn.send(("error", repr(e)))
 
@@ -432,11 +473,13 @@ class ProcessPool:
             self.conns.append(parent)
             self.procs.append(p)
 
-    def run(self, plan: RoundPlan, cstates: Tree, ctx: RoundContext) -> Outputs:
+    def run(self, plan: RoundPlan, cstates: Tree, ctx: RoundContext, config=None) -> Outputs:
+        """The round's clients split over the workers; ``config``: the run's own config when it is
+        not the pool's algorithm's (a run of a run batch: its clients release with its budgets)."""
         groups = balance(plan.steps, len(self.conns))
         for conn, rows in zip(self.conns, groups, strict=False):
             r = torch.tensor(rows)
-            conn.send((subplan(plan, rows), index(cstates, r), ctx))
+            conn.send((subplan(plan, rows), index(cstates, r), ctx, config))
         parts = []
         for conn, _ in zip(self.conns, groups, strict=False):
             status, payload = conn.recv()
@@ -496,8 +539,10 @@ class Executor:
         if self.path == "vectorized":
             return run_vectorized(self.algo, self.x, self.y, works, self.lanes)
         if self.pool is not None:
-            return [self.pool.run(w.plan, w.cstates, w.ctx) for w in works]
-        return [run_sequential(self.algo, self.x, self.y, w.plan, w.cstates, w.ctx) for w in works]
+            return [self.pool.run(w.plan, w.cstates, w.ctx,
+                                  None if w.algo is None or w.algo is self.algo else w.algo.config)
+                    for w in works]
+        return [run_sequential(self.algo, self.x, self.y, w.plan, w.cstates, w.ctx, w.algo) for w in works]
 
     def close(self) -> None:
         if self.pool is not None:

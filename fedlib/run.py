@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from fedlib import data as data_mod
 from fedlib.algorithms import ALGORITHMS, Algorithm, RoundContext
+from fedlib.algorithms.base import RELEASE_PREFIX
 from fedlib.config import Config
 from fedlib.engine import PATHS, Executor, Work, check_path, default_path, make_plan, make_poisson_plan
 from fedlib.models import build_model
@@ -134,7 +135,7 @@ class Experiment:
             return selected, Work(None, None, ctx)  # type: ignore[arg-type]
         plan = self.plan(t, selected, self.gparams)
         sel = torch.tensor(selected, device=self.device, dtype=torch.long)
-        return selected, Work(plan.offset(offset), tmap(lambda s: s[sel], self.client_states), ctx)
+        return selected, Work(plan.offset(offset), tmap(lambda s: s[sel], self.client_states), ctx, algo)
 
     def plan(self, t: int, selected: list[int], gparams: dict[str, torch.Tensor]):
         """The minibatches (and, under record-level DP-SGD, the step noise) of ``selected`` in
@@ -154,23 +155,22 @@ class Experiment:
         return plan if noise is None else dataclasses.replace(plan, noise=noise)
 
     def finish(self, selected: list[int], work: Work, outputs) -> dict[str, float]:
-        """Privatize the uploads, update the client states and the global model; return the
-        round's training metrics."""
+        """Update the client states and the global model from the clients' outputs (their uploads
+        already released: local DP ran in each client); return the round's training metrics."""
         if not selected:
-            return self.aggregate(selected, work.ctx, None, None, {})
+            return self.aggregate(selected, work.ctx, None, None)
         uploads, new_cstates, metrics = outputs
-        uploads, stats = self.algo.privatize(uploads, selected, work.ctx)
         sel = torch.tensor(selected, device=self.device, dtype=torch.long)
         self.client_states = tmap(lambda all_, new: all_.index_copy(0, sel, new),
                                   self.client_states, new_cstates)
-        return self.aggregate(selected, work.ctx, uploads, metrics, stats)
+        return self.aggregate(selected, work.ctx, uploads, metrics)
 
-    def aggregate(self, selected: list[int], ctx: RoundContext, uploads, metrics,
-                  stats: dict[str, float]) -> dict[str, float]:
-        """The server's half of a round: update the global model from the (already privatized)
-        uploads of ``selected`` (stacked in that order; None when no client was sampled) and
-        return the round's training metrics. Also the entry point of a server that receives the
-        uploads over a network (:mod:`fedlib.flower`)."""
+    def aggregate(self, selected: list[int], ctx: RoundContext, uploads, metrics) -> dict[str, float]:
+        """The server's half of a round: update the global model from the uploads of ``selected``
+        as they left the clients (stacked in that order; None when no client was sampled) and
+        return the round's training metrics (the clients' release statistics, ``release.*``
+        metrics, averaged over them). Also the entry point of a server that receives the uploads
+        over a network (:mod:`fedlib.flower`)."""
         algo = self.algo
         sel = torch.tensor(selected, device=self.device, dtype=torch.long)
         if not selected:  # the server step still runs (DP noise)
@@ -187,7 +187,8 @@ class Experiment:
                "clients": len(selected), "bytes_up": int(up), "bytes_down": int(down)}
         if "update_norm" in metrics:  # DP algorithms report each client's update norm before clipping
             rec["update_norm_median"] = float(metrics["update_norm"].median())
-        rec.update(stats)
+        rec.update({k[len(RELEASE_PREFIX):]: float(v.double().mean()) for k, v in metrics.items()
+                    if k.startswith(RELEASE_PREFIX)})
         rec.update(algo.round_metrics(self.server_state, ctx))
         rec.update(self._account(ctx))
         return rec

@@ -79,6 +79,47 @@ def test_paths_and_lanes_agree_in_float64(tmp_path, algorithm, changes):
         del root
 
 
+LOCAL_DP = {
+    "ldp_fl": {"model": "mlp"},
+    "signds_fl": {"model": "mlp", "signds_h": 50},
+    "fdl": {"model": "mlp", "fdl_r": 0.2},
+    "fdl_corrected": {"algorithm": "fdl", "model": "mlp", "fdl_mode": "corrected", "fdl_k": 200},
+    "moon_dpap_local": {"algorithm": "moon_dpap", "dp": "local", "prune": True, "dp_epsilon_per_round": 8.0,
+                        "client_fraction": 1.0},
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOCAL_DP))
+def test_local_randomisers_draw_the_same_noise_on_every_path(tmp_path, case):
+    """Each client randomises its own upload with generators keyed on (config, round, client): the
+    sequential loop, the parallel workers and the vectorized path (after its vmapped steps) release
+    the same messages, so the global models agree as for the noise-free algorithms. The noise is
+    large against float64 rounding, so a client drawing another client's (or another round's)
+    noise would show as a difference of order 1e-3 or more."""
+    changes = {"client_fraction": 0.75, **LOCAL_DP[case]}
+    cfg = F64.replace(algorithm=changes.pop("algorithm", case), lr=0.02, rounds=2,
+                      train_samples=320, test_samples=100, min_client_samples=10, **changes)
+    ref = run(cfg, engine="sequential", root=tmp_path / "seq", progress=False, device="cpu")
+    p_ref = _params(ref, tmp_path / "seq")
+    for path in ("vectorized", "parallel"):
+        r = run(cfg, engine=path, root=tmp_path / path, progress=False, device="cpu")
+        assert _max_diff(p_ref, _params(r, tmp_path / path)) < ATOL64, path
+        assert [h.get("sent_frac") for h in r.history] == [h.get("sent_frac") for h in ref.history]
+
+
+@pytest.mark.parametrize("engine", ["vectorized", "parallel"])
+def test_run_batch_of_local_dp_runs_releases_with_each_runs_own_budget(tmp_path, engine):
+    """Runs of one run batch differ in their budgets and noise keys: each client releases with its
+    own run's mechanism (in the parallel workers too), as when the run is trained alone."""
+    base = F64.replace(algorithm="ldp_fl", model="mlp", rounds=2, lr=0.02, train_samples=320,
+                       test_samples=100, min_client_samples=10)
+    cfgs = [base, base.replace(ldp_fl_epsilon_per_coordinate=2.0), base.replace(seed=1, ldp_clip=0.05)]
+    batch = run_many(cfgs, engine=engine, root=tmp_path / "batch", progress=False, device="cpu")
+    for c, r in zip(cfgs, batch, strict=True):
+        alone = run(c, engine="sequential", root=tmp_path / "alone", progress=False, device="cpu")
+        assert _max_diff(_params(alone, tmp_path / "alone"), _params(r, tmp_path / "batch")) < ATOL64
+
+
 def test_float32_paths_agree_within_float32_error_of_the_reference(tmp_path):
     """The vectorized and parallel paths in float32 are no further from the float64 result than
     a few times the reference (sequential) path's own float32 error."""

@@ -80,8 +80,8 @@ def moon_dpap_local(mod=moon_dpap, z=2.0):
     outs = []
     for t, sign in ((0, 1.0), (1, -1.0)):
         ctx = RoundContext(t, {"w": torch.zeros(N)}, {**algo.hyper(t), "noise_multiplier": z}, {})
-        sent, _ = algo.privatize({"delta": {"w": torch.full((1, N), sign, dtype=torch.float64)}}, [0], ctx)
-        outs.append(sent["delta"]["w"][0].numpy())
+        sent, _ = algo.release({"delta": {"w": torch.full((N,), sign, dtype=torch.float64)}}, 0, ctx)
+        outs.append(sent["delta"]["w"].numpy())
     return outs[0], outs[1], gaussian_claim(z), DELTA
 
 
@@ -211,8 +211,8 @@ MUTATIONS = {
     "moon_dpap local: half the noise": (
         "moon_dpap_local",
         moon_dpap,
-        'ctx.hyper["noise_multiplier"], seeds',
-        '0.5 * ctx.hyper["noise_multiplier"], seeds',
+        'ctx.hyper["noise_multiplier"], seed,',
+        '0.5 * ctx.hyper["noise_multiplier"], seed,',
     ),
     "moon_dpap record: half the step noise": (
         "moon_dpap_record",

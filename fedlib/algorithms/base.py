@@ -33,7 +33,7 @@ from fedlib.config import Config
 from fedlib.privacy.guarantee import GaussianEvent, Guarantee, PureEvent
 from fedlib.privacy.noise import StepNoise
 from fedlib.streams import Stream
-from fedlib.tree import Tree, numel, tmap
+from fedlib.tree import Tree, index, numel, stack, tmap
 
 Params = dict[str, torch.Tensor]
 
@@ -49,6 +49,16 @@ class RoundContext:
     #: True when the engine runs the client functions under ``torch.func.vmap`` (the
     #: vectorized path): gradients must then come from ``torch.func``, not autograd.
     vectorized: bool = False
+
+
+#: Prefix of the release statistics that travel with a client's metrics (see :meth:`Algorithm.release`).
+RELEASE_PREFIX = "release."
+
+
+def mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:
+    """Each statistic's mean over the clients that reported it (release statistics of a round)."""
+    keys = dict.fromkeys(k for st in stats for k in st)
+    return {k: sum(st[k] for st in stats if k in st) / sum(k in st for st in stats) for k in keys}
 
 
 def weighted_mean(values: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -202,13 +212,31 @@ class Algorithm:
                    "steps": sstate["steps"]}
         return {"delta": delta}, cstate, metrics
 
-    # ---- between clients and server (host side) -----------------------------------------
+    # ---- the client's release (local DP): its last step, outside vmap ------------------------
+    def releases_locally(self) -> bool:
+        """Whether clients randomise their upload before it leaves them (local DP). When true,
+        every engine path calls :meth:`release` for each client right after ``client_final``."""
+        return False
+
+    def release(self, upload: Tree, client: int, ctx: RoundContext) -> tuple[Tree, dict[str, float]]:
+        """Client ``client``'s local randomiser applied to its own upload (one client, not stacked),
+        and statistics of what it did. Part of the client's computation on every path: the
+        sequential loop, a parallel worker, after the vmapped steps of the vectorized path (its
+        generators cannot run under ``vmap``), and a Flower client. Its generators are keyed on
+        (config, stream, round, client) by :meth:`noise_seed`, so a client draws the same noise
+        whichever path or machine runs it. Identity here."""
+        return upload, {}
+
     def privatize(self, uploads: Tree, clients: list[int],
                   ctx: RoundContext) -> tuple[Tree, dict[str, float]]:
-        """Client-side randomisation of the stacked uploads before they leave the clients
-        (local DP), and the round's statistics of it. Runs on the host with generators keyed by
-        :meth:`noise_seed`, so every engine path draws the same noise. Identity here."""
-        return uploads, {}
+        """:meth:`release` of every row of the stacked ``uploads`` (row ``i`` is client
+        ``clients[i]``): what leaves the clients, stacked, and each statistic's mean over them."""
+        rows, stats = [], []
+        for i, cid in enumerate(clients):
+            out, st = self.release(index(uploads, i), cid, ctx)
+            rows.append(out)
+            stats.append(st)
+        return stack(rows), mean_stats(stats)
 
     def round_metrics(self, server_state: Tree, ctx: RoundContext) -> dict[str, float]:
         """Per-round bookkeeping to record (e.g. the clip norm, sparsity)."""
@@ -228,10 +256,11 @@ class Algorithm:
         return None
 
     def noise_seed(self, stream: int, t: int, client: int | None = None) -> tuple[int, ...]:
-        """The integers that key a privacy-noise stream: the whole configuration (its cache key,
-        which includes the seed), the stream, the round and the client. Two runs that differ in
-        any setting (a budget, a clip norm) draw independent noise; one config reproduces exactly."""
-        parts = (int(self.config.key(), 16), int(stream), t)
+        """The integers that key a privacy-noise stream: the whole configuration
+        (:meth:`~fedlib.config.Config.noise_key`, which includes the seed), the stream, the round
+        and the client. Two runs that differ in any setting (a budget, a clip norm) draw
+        independent noise; one config reproduces exactly, across results-version bumps too."""
+        parts = (int(self.config.noise_key(), 16), int(stream), t)
         return parts if client is None else (*parts, client)
 
     def personal_models(self, client_states: Tree) -> Tree | None:

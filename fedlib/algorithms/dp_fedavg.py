@@ -74,10 +74,12 @@ class DpFedAvg(Algorithm):
         self.z_delta = self.adaptive.update_multiplier(z) if self.adaptive else z
 
     def sample_clients(self, t: int) -> list[int]:
-        """Poisson sampling: each client independently with probability q."""
+        """Poisson sampling: each client independently with probability q. The sample is part of
+        the mechanism (amplification by sampling assumes nobody else knows it), so its generator
+        is keyed like the privacy noise, on the whole configuration, not on the seed alone."""
         if self.q >= 1:
             return list(range(self.config.clients))
-        rng = np.random.default_rng([self.config.seed, Stream.POISSON, t])
+        rng = np.random.default_rng(list(self.noise_seed(Stream.POISSON, t)))
         return np.flatnonzero(rng.random(self.config.clients) < self.q).tolist()
 
     def init_server_state(self, gparams: Params) -> Tree:

@@ -16,7 +16,7 @@
   - ``central``: the server adds ``N(0, (2 z_t C)^2)`` to the *sum* of the clipped updates and
     divides by the number of clients (:func:`fedlib.privacy.central.noisy_sum`);
   - ``local``: each client adds ``N(0, (2 z_t C)^2)`` to its own update before it leaves, as the
-    paper's wording suggests (:func:`fedlib.privacy.central.noisy_each`);
+    paper's wording suggests (:func:`fedlib.privacy.central.noisy_one`, in the client);
   - ``z_t`` is the *analytic* Gaussian multiplier (Balle & Wang 2018) for the round's
     epsilon: the paper's eq. 4 (classic formula) is valid only for epsilon < 1;
   - schedule ``paper``: ``epsilon(t) = epsilon_0 (1 - t/T)`` (eq. 5, ``dp_epsilon_per_round`` is
@@ -59,7 +59,7 @@ from fedlib.algorithms.base import Params, RoundContext
 from fedlib.algorithms.moon import Moon
 from fedlib.config import Config
 from fedlib.privacy.accounting import calibrate_rdp, gaussian_sigma, rdp_epsilon
-from fedlib.privacy.central import noisy_each, noisy_sum
+from fedlib.privacy.central import noisy_one, noisy_sum
 from fedlib.privacy.clipping import clip_by_l2
 from fedlib.privacy.dpsgd import private_grad
 from fedlib.privacy.guarantee import GaussianEvent, Guarantee, Relation
@@ -215,15 +215,20 @@ class MoonDpap(Moon):
             metrics["update_norm"] = norm
         return {"delta": delta}, new_cstate, metrics
 
-    def privatize(self, uploads: Tree, clients: list[int], ctx: RoundContext) -> Tree:
-        """Local mode: each client adds N(0, (2 z_t C)^2) to its clipped update (on the kept
+    def releases_locally(self) -> bool:
+        return self.config.dp == "local"
+
+    def release(self, upload: Tree, client: int, ctx: RoundContext) -> tuple[Tree, dict[str, float]]:
+        """Local mode: the client adds N(0, (2 z_t C)^2) to its clipped update (on the kept
         coordinates when pruning; the mask is public) before anything leaves it."""
         if self.config.dp != "local":
-            return uploads, {}
-        seeds = [self.noise_seed(Stream.LOCAL_NOISE, ctx.t, cid) for cid in clients]
+            return upload, {}
         c = self.config
-        return {"delta": noisy_each(uploads["delta"], c.dp_clip, ctx.hyper["noise_multiplier"], seeds,
-                                    c.secure_noise, ctx.shared.get("masks"))}, {}
+        seed = self.noise_seed(Stream.LOCAL_NOISE, ctx.t, client)
+        one = {k: v[None] for k, v in upload["delta"].items()}
+        noised = noisy_one(one, c.dp_clip, ctx.hyper["noise_multiplier"], seed, c.secure_noise,
+                           ctx.shared.get("masks"))
+        return {"delta": noised}, {}
 
     # ---- server ---------------------------------------------------------------------------
     def server_update(self, gparams, server_state, uploads, weights, ctx):

@@ -1,7 +1,8 @@
 """Shared by the local-DP algorithms: clients send a sparse, randomised version of their update.
 
-A subclass implements :meth:`SparseUpload.encode`, the client-side mechanism on the flattened
-updates of the round's clients (one row each), and returns what leaves the clients (the
+A subclass implements :meth:`SparseUpload.encode`, the client-side mechanism on flattened updates
+(one row each; :meth:`SparseUpload.release` gives it one client's row and that client's own
+generators, keyed on the config, the round and the client id), and returns what leaves the clients (the
 ``mask`` of reported dimensions and the ``values`` there, zero elsewhere, plus, for FDL as
 published, its normalisation ``scale``) with the round's statistics. The server adds the
 sample-weighted mean of the decoded vectors (``values * scale``) to the global model, times
@@ -17,7 +18,7 @@ import torch
 
 from fedlib.algorithms.base import Algorithm, Params, RoundContext
 from fedlib.privacy.guarantee import Guarantee, PureEvent, Relation
-from fedlib.tree import Tree, flatten_stacked, unflatten_like
+from fedlib.tree import Tree, unflatten_like
 
 
 class SparseUpload(Algorithm):
@@ -35,12 +36,16 @@ class SparseUpload(Algorithm):
         keys the round's randomness (:meth:`Algorithm.noise_seed`)."""
         raise NotImplementedError
 
-    def privatize(self, uploads: Tree, clients: list[int],
-                  ctx: RoundContext) -> tuple[Tree, dict[str, float]]:
-        flat = flatten_stacked(uploads["delta"]).float()
-        out, stats = self.encode(flat, self.noise_seed(self.stream, ctx.t))
-        sent = out["mask"].sum(1).float()
-        return out, {"sent_frac": float(sent.mean()) / self.dims, **stats}
+    def releases_locally(self) -> bool:
+        return True
+
+    def release(self, upload: Tree, client: int, ctx: RoundContext) -> tuple[Tree, dict[str, float]]:
+        """The client's mechanism on its own flattened update, with its own generators (keyed on
+        the config, the round and the client id)."""
+        flat = torch.cat([v.reshape(1, -1) for v in upload["delta"].values()], dim=1).float()
+        out, stats = self.encode(flat, self.noise_seed(self.stream, ctx.t, client))
+        out = {k: v[0] for k, v in out.items()}
+        return out, {"sent_frac": float(out["mask"].sum()) / self.dims, **stats}
 
     def empty_uploads(self, gparams: Params) -> Tree:
         device = next(iter(gparams.values())).device

@@ -24,10 +24,9 @@ and client id, not by where the client runs), so the global models agree to floa
 (tested). In this simulation every node derives its partition from the shared config and seed;
 in a deployment each SuperNode would hold its own data.
 
-Not supported: the sparse local-DP uploads (LDP-FL, SignDS-FL, FDL), whose randomiser draws one
-noise stream for the round's stacked uploads; run through Flower, each client would need its
-own stream, which changes the mechanism's draws. Ditto's personalised accuracy is not reported
-(its personal models stay on the clients).
+Every algorithm runs through Flower: local randomisers (LDP-FL, SignDS-FL, FDL, MOON-DPAP's
+local mode) are part of each client's computation, keyed on its own client id. Ditto's
+personalised accuracy is not reported (its personal models stay on the clients).
 """
 
 from __future__ import annotations
@@ -42,15 +41,8 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
-#: Algorithms whose randomisers are keyed per client, so they run unchanged as Flower clients.
-UNSUPPORTED = ("ldp_fl", "signds_fl", "fdl")
-
-
 def check_supported(config: Config) -> None:
     """Raise :class:`ConfigError` before any work when ``config`` cannot run through Flower."""
-    if config.algorithm in UNSUPPORTED:
-        raise ConfigError(f"{config.algorithm} is not supported through Flower: its local randomiser draws "
-                          "one noise stream for the round's stacked uploads (see fedlib.flower)")
     if config.precision == "float64":
         raise ConfigError("precision float64 is not supported through Flower (its arrays travel as float32)")
 

@@ -2,10 +2,10 @@
 
 A ``train`` message carries the fedlib config (JSON), the round, the global model and what the
 algorithm broadcasts; the client runs the algorithm's own client functions on its partition
-(:func:`fedlib.engine.run_sequential` for one client), privatizes its upload with the algorithm's
-client-side randomiser (local DP), keeps its state across rounds in ``context.state`` and
-replies with the upload and its training metrics. A ``query`` message asks which fedlib client
-the node is (its ``partition-id``).
+(:func:`fedlib.engine.run_sequential` for one client), which ends with the algorithm's
+client-side randomiser (local DP) keyed on its own client id, keeps its state across rounds in
+``context.state`` and replies with the upload and its training metrics. A ``query`` message asks
+which fedlib client the node is (its ``partition-id``).
 """
 
 from __future__ import annotations
@@ -79,14 +79,13 @@ def train(msg: Message, context: Context) -> Message:
     else:  # the state the engine starts every client with (from the seeded initial model)
         cstate = index(exp.client_states, cid)
     plan = exp.plan(t, [cid], gparams)
+    # the engine's sequential path for this one client, its local randomiser (local DP) included
     uploads, new_cstates, metrics = run_sequential(algo, exp.data.x_train, exp.data.y_train, plan,
                                                    stack([cstate]), ctx)
-    uploads, stats = algo.privatize(uploads, [cid], ctx)
     context.state[state_key] = to_records(index(new_cstates, 0))[0]
     upload, _ = to_records(index(uploads, 0))
     metric_arrays, _ = to_records(index(metrics, 0))
-    info = ConfigRecord({"client": cid, "num-examples": len(exp.parts[cid]),
-                         "stats": json.dumps(stats)})
+    info = ConfigRecord({"client": cid, "num-examples": len(exp.parts[cid])})
     return Message(RecordDict({"upload": upload, "metrics": metric_arrays, "info": info}), reply_to=msg)
 
 

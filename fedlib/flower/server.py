@@ -104,13 +104,10 @@ class FedlibStrategy(Strategy):
                                f"expected {selected}")
         dev = self.exp.device
         uploads = metrics = None
-        stats: dict[str, Any] = {}
         if selected:
             uploads = stack([from_records(by_client[c]["upload"], device=dev) for c in selected])
             metrics = stack([from_records(by_client[c]["metrics"], device=dev) for c in selected])
-            per_client = [json.loads(by_client[c]["info"]["stats"]) for c in selected]
-            stats = {k: sum(s[k] for s in per_client) / len(per_client) for k in per_client[0]}
-        rec = self.exp.aggregate(selected, ctx, uploads, metrics, stats)
+        rec = self.exp.aggregate(selected, ctx, uploads, metrics)
         self.on_round(ctx.t, rec, time.time() - t0)
         numeric = {k: float(v) for k, v in rec.items() if isinstance(v, (int, float)) and v == v}
         return to_records(self.exp.gparams)[0], MetricRecord(numeric)

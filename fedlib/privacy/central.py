@@ -3,7 +3,7 @@
 * :func:`noisy_sum` - central DP (McMahan, Ramage, Talwar, Zhang, ICLR 2018, Alg. 1): the
   server adds Gaussian noise of std ``z x sensitivity`` to the *sum* of the clients' clipped
   updates; the caller divides by a public denominator. MOON-DPAP and DP-FedAvg both use it.
-* :func:`noisy_each` - local DP: every client adds noise to its own clipped update before it
+* :func:`noisy_one` - local DP: a client adds noise to its own clipped update before it
   leaves (the same mechanism on a sum of one).
 * :func:`noisy_count` - a Gaussian count (adaptive clipping's count of unclipped updates,
   Andrew et al. 2021).
@@ -98,21 +98,21 @@ def noisy_sum(
     return tmap(release, clipped, mask)
 
 
-def noisy_each(
+def noisy_one(
     clipped: Tree,
     clip: float,
     noise_multiplier: float,
-    seeds: list[tuple[int, ...]],
+    seed: tuple[int, ...],
     secure: bool = True,
     mask: Tree | None = None,
 ) -> Tree:
-    """Local DP: row ``i`` of every leaf is client ``i``'s clipped update, released with its own
-    Gaussian noise (replace-one: the sensitivity of one client's message is ``2C``)."""
-    rows = []
-    for i, seed in enumerate(seeds):
-        one = tmap(lambda x, i=i: x[i : i + 1], clipped)
-        rows.append(noisy_sum(one, clip, noise_multiplier, Relation.REPLACE_ONE, seed, secure, mask))
-    return tmap(lambda *xs: torch.stack(xs), *rows)
+    """Local DP: one client's clipped update (a leading dimension of 1 on every leaf) released
+    with its own Gaussian noise, keyed by ``seed`` (the client's stream), without the leading
+    dimension. Replace-one: the sensitivity of one client's message is ``2C``; the same mechanism
+    as :func:`noisy_sum` on a sum of one."""
+    if any(x.shape[0] != 1 for x in leaves(clipped)):
+        raise ValueError("noisy_one releases one client's update: leading dimension 1 on every leaf")
+    return noisy_sum(clipped, clip, noise_multiplier, Relation.REPLACE_ONE, seed, secure, mask)
 
 
 #: Grid of the counts (multiples of 1/2): exact, with room for 2^20 steps per half.

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from fedlib.config import RESULTS_VERSION, Config
+from fedlib.config import NOISE_KEY_VERSION, RESULTS_VERSION, Config
 from fedlib.results import atomic_write_bytes, results_dir
 
 #: Fields that a version removed, with their default before it (to recompute old keys).
@@ -29,20 +29,19 @@ def _get(d: dict, name: str):
     return d.get(name, Config.__dataclass_fields__[name].default)
 
 
-def _v2_keep_noise_free(d: dict) -> dict | None:
+def _draws_privacy_noise(d: dict) -> bool:
+    alg = d["algorithm"]
+    return (alg in ("ldp_fl", "signds_fl", "fdl") or (alg == "moon_dpap" and _get(d, "dp") != "none")
+            or (alg == "dp_fedavg" and (_get(d, "dp_noise_multiplier") > 0 or _get(d, "adaptive_clip"))))
+
+
+def _v2_keep_noise_free(d: dict, meta: dict, written: int) -> dict | None:
     """Version 2 changed the privacy noise (floating-point-safe, keyed on the config; MOON-DPAP's
     central noise at replace-one sensitivity) and nothing else: results that draw none are kept."""
-    alg = d["algorithm"]
-    if alg in ("ldp_fl", "signds_fl", "fdl"):
-        return None
-    if alg == "moon_dpap" and _get(d, "dp") != "none":
-        return None
-    if alg == "dp_fedavg" and (_get(d, "dp_noise_multiplier") > 0 or _get(d, "adaptive_clip")):
-        return None
-    return d
+    return None if _draws_privacy_noise(d) else d
 
 
-def _v3_rename_budgets(d: dict) -> dict:
+def _v3_rename_budgets(d: dict, meta: dict, written: int) -> dict:
     """Version 3 renamed the privacy budgets so that each name has one meaning (results unchanged):
     ``dp_epsilon`` -> ``dp_epsilon_per_round`` (schedule paper) or ``dp_epsilon_total``
     (constant); ``ldp_epsilon`` -> the local-DP algorithm's own ``*_epsilon_per_*``."""
@@ -60,8 +59,28 @@ def _v3_rename_budgets(d: dict) -> dict:
     return d
 
 
-#: version -> step from the previous version: the new config dict, or None (result not valid).
-STEPS: dict[int, Callable[[dict], dict | None]] = {2: _v2_keep_noise_free, 3: _v3_rename_budgets}
+def _v4_keep_unchanged_draws(d: dict, meta: dict, written: int) -> dict | None:
+    """Version 4 moved the local randomisers into the clients, each with its own generator keyed on
+    (config, round, client): LDP-FL, SignDS-FL and FDL draw anew (MOON-DPAP's local noise was
+    already keyed per client: unchanged). It keyed DP-FedAvg's Poisson client sample on the whole
+    config: every DP-FedAvg run that samples (client_fraction < 1) draws anew. And it froze the key
+    of the noise streams (:data:`fedlib.config.NOISE_KEY_VERSION` = 3): a result with privacy noise
+    that was not trained under version 3 (written earlier, or carried over to 3 by a bump,
+    ``migrated_from``) drew its noise from a key its config no longer gives, so it could not be
+    reproduced from its config: it is recomputed."""
+    if d["algorithm"] in ("ldp_fl", "signds_fl", "fdl"):
+        return None
+    if d["algorithm"] == "dp_fedavg" and _get(d, "client_fraction") < 1:
+        return None
+    if _draws_privacy_noise(d) and (written < NOISE_KEY_VERSION or "migrated_from" in meta):
+        return None
+    return d
+
+
+#: version -> step from the previous version: (config dict, meta, the version the file was written
+#: under) -> the new config dict, or None (result not valid).
+STEPS: dict[int, Callable[[dict, dict, int], dict | None]] = {2: _v2_keep_noise_free, 3: _v3_rename_budgets,
+                                                   4: _v4_keep_unchanged_draws}
 
 
 def key_under(d: dict, version: int) -> str:
@@ -110,7 +129,7 @@ def migrate(root: Path | None = None, dry_run: bool = False) -> dict[str, list[s
             continue
         config_dict: dict | None = d["config"]
         for v in range(version + 1, RESULTS_VERSION + 1):
-            config_dict = STEPS[v](config_dict) if config_dict is not None else None
+            config_dict = STEPS[v](config_dict, d["meta"], version) if config_dict is not None else None
         if config_dict is None:
             report["removed"].append(path.name)
             if not dry_run:
@@ -137,13 +156,19 @@ def migrate(root: Path | None = None, dry_run: bool = False) -> dict[str, list[s
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fedlib.tools.migrate", description=__doc__.splitlines()[0])
-    p.add_argument("--root", type=Path, default=None, help="results folder (default: data/results)")
+    p.add_argument("--root", type=Path, default=None,
+                   help="results folder (default: data/results; its flower/ folder too)")
     p.add_argument("--dry-run", action="store_true", help="only report what would happen")
     args = p.parse_args(argv)
-    report = migrate(args.root, args.dry_run)
-    for what, names in report.items():
-        print(f"{what}: {len(names)}")
-    return 1 if report["unknown"] else 0
+    root = Path(args.root or results_dir())
+    unknown = 0
+    for folder in (root, root / "flower"):
+        if not folder.is_dir():
+            continue
+        report = migrate(folder, args.dry_run)
+        print(f"{folder}: " + ", ".join(f"{what} {len(names)}" for what, names in report.items()))
+        unknown += len(report["unknown"])
+    return 1 if unknown else 0
 
 
 if __name__ == "__main__":
