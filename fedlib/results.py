@@ -7,7 +7,9 @@ round and provenance (seed, device, versions, git commit, duration).
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
 import platform
 import subprocess
@@ -69,6 +71,14 @@ def git_commit() -> str:
         return "unknown"
 
 
+@functools.cache
+def code_commit() -> str:
+    """:func:`git_commit` as it was when this process first asked: the code a long run executes is
+    what it imported at its start, so an edit or a checkout during the run must not change the
+    commit its results record."""
+    return git_commit()
+
+
 def provenance(device: torch.device, engine: str) -> dict[str, Any]:
     import numpy
 
@@ -77,7 +87,7 @@ def provenance(device: torch.device, engine: str) -> dict[str, Any]:
         dev += f" ({torch.cuda.get_device_name(device)})"
     return {"device": dev, "engine": engine, "torch": torch.__version__, "numpy": numpy.__version__,
             "python": platform.python_version(), "platform": platform.platform(),
-            "cpu_threads": torch.get_num_threads(), "git_commit": git_commit()}
+            "cpu_threads": torch.get_num_threads(), "git_commit": code_commit()}
 
 
 @dataclass
@@ -110,6 +120,19 @@ class Result:
     def save(self, path: Path) -> None:
         atomic_write_bytes(path, self.to_json().encode())
         self.path = path
+
+
+def diverged(history: list[dict[str, Any]]) -> bool:
+    """Whether a run's history holds a non-finite loss (a training loss counts only in a round with
+    clients: a round without any has none to report)."""
+    for h in history:
+        v = h.get("test_loss")
+        if v is not None and not math.isfinite(v):
+            return True
+        v = h.get("train_loss")
+        if v is not None and h.get("clients", 1) != 0 and not math.isfinite(v):
+            return True
+    return False
 
 
 def result_path(config: Config, root: Path | None = None) -> Path:

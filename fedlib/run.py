@@ -33,6 +33,8 @@ from fedlib.results import (
     Result,
     atomic_torch_save,
     checkpoint_path,
+    code_commit,
+    diverged,
     model_path,
     provenance,
     result_path,
@@ -288,7 +290,7 @@ class _Trainee:
                 "resumed_from_round": self.first_round,
                 "duration_s": time.time() - start + elapsed_before,
                 "train_samples": int(len(exp.data.y_train)), "test_samples": int(len(exp.data.y_test)),
-                "client_sizes": [len(p) for p in exp.parts], **extra}
+                "client_sizes": [len(p) for p in exp.parts], "diverged": diverged(self.history), **extra}
         if exp.guarantee is not None:
             metrics = sorted({k for h in self.history for k in h})
             meta["privacy"] = {**exp.guarantee.to_dict(),
@@ -334,6 +336,7 @@ def run_many(configs: list[Config], *, engine: str = "auto", device: str | torch
     """
     for c in configs:
         c.validate()
+    code_commit()  # the commit of the code this process runs, fixed before any training
     dev = pick_device(device)
     path = _validate_engine(engine, dev, checkpoint_every)
     root = Path(root or results_dir())
