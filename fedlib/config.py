@@ -34,8 +34,9 @@ from typing import Any
 #: renamed to one meaning each (dp_epsilon, ldp_epsilon split by unit; results unchanged).
 #: 4: local randomisers run in each client with generators keyed per client (LDP-FL, SignDS-FL,
 #: FDL draw anew; MOON-DPAP's local noise was already keyed per client), and DP-FedAvg's Poisson
-#: sample is keyed on the whole config.
-RESULTS_VERSION = 4
+#: sample is keyed on the whole config. 5: a non-finite update (or per-sample gradient) is zeroed
+#: before it is clipped or randomised (only runs with a privacy mechanism whose losses diverged change).
+RESULTS_VERSION = 5
 
 #: The results version whose cache key also keys every privacy-noise and client-sampling stream
 #: (:meth:`Config.noise_key`). Frozen, never bumped: a :data:`RESULTS_VERSION` bump must not

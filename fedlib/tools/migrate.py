@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedlib.config import NOISE_KEY_VERSION, RESULTS_VERSION, Config
-from fedlib.results import atomic_write_bytes, results_dir
+from fedlib.results import atomic_write_bytes, diverged, results_dir
 
 #: Fields that a version removed, with their default before it (to recompute old keys).
 REMOVED_FIELDS: dict[int, dict] = {3: {"dp_epsilon": 1.0, "ldp_epsilon": 0.5}}
@@ -35,13 +35,13 @@ def _draws_privacy_noise(d: dict) -> bool:
             or (alg == "dp_fedavg" and (_get(d, "dp_noise_multiplier") > 0 or _get(d, "adaptive_clip"))))
 
 
-def _v2_keep_noise_free(d: dict, meta: dict, written: int) -> dict | None:
+def _v2_keep_noise_free(d: dict, result: dict, written: int) -> dict | None:
     """Version 2 changed the privacy noise (floating-point-safe, keyed on the config; MOON-DPAP's
     central noise at replace-one sensitivity) and nothing else: results that draw none are kept."""
     return None if _draws_privacy_noise(d) else d
 
 
-def _v3_rename_budgets(d: dict, meta: dict, written: int) -> dict:
+def _v3_rename_budgets(d: dict, result: dict, written: int) -> dict:
     """Version 3 renamed the privacy budgets so that each name has one meaning (results unchanged):
     ``dp_epsilon`` -> ``dp_epsilon_per_round`` (schedule paper) or ``dp_epsilon_total``
     (constant); ``ldp_epsilon`` -> the local-DP algorithm's own ``*_epsilon_per_*``."""
@@ -59,7 +59,7 @@ def _v3_rename_budgets(d: dict, meta: dict, written: int) -> dict:
     return d
 
 
-def _v4_keep_unchanged_draws(d: dict, meta: dict, written: int) -> dict | None:
+def _v4_keep_unchanged_draws(d: dict, result: dict, written: int) -> dict | None:
     """Version 4 moved the local randomisers into the clients, each with its own generator keyed on
     (config, round, client): LDP-FL, SignDS-FL and FDL draw anew (MOON-DPAP's local noise was
     already keyed per client: unchanged). It keyed DP-FedAvg's Poisson client sample on the whole
@@ -72,15 +72,28 @@ def _v4_keep_unchanged_draws(d: dict, meta: dict, written: int) -> dict | None:
         return None
     if d["algorithm"] == "dp_fedavg" and _get(d, "client_fraction") < 1:
         return None
-    if _draws_privacy_noise(d) and (written < NOISE_KEY_VERSION or "migrated_from" in meta):
+    if _draws_privacy_noise(d) and (written < NOISE_KEY_VERSION or "migrated_from" in result["meta"]):
         return None
     return d
 
 
-#: version -> step from the previous version: (config dict, meta, the version the file was written
-#: under) -> the new config dict, or None (result not valid).
-STEPS: dict[int, Callable[[dict, dict, int], dict | None]] = {2: _v2_keep_noise_free, 3: _v3_rename_budgets,
-                                                   4: _v4_keep_unchanged_draws}
+def _v5_keep_finite_private_runs(d: dict, result: dict, written: int) -> dict | None:
+    """Version 5 zeroes a non-finite update (or per-sample gradient) before it is clipped or
+    randomised: runs that clip or randomise (DP-FedAvg even without noise) and never produced one
+    are unchanged. A run whose
+    losses went non-finite may have (its uploads were garbage before), so it is recomputed."""
+    clips = d["algorithm"] in ("dp_fedavg", "ldp_fl", "signds_fl", "fdl") or (
+        d["algorithm"] == "moon_dpap" and _get(d, "dp") != "none")
+    if clips and diverged(result["history"]):
+        return None
+    return d
+
+
+#: version -> step from the previous version: (config dict, the whole result file as a dict, the
+#: version the file was written under) -> the new config dict, or None (result not valid).
+STEPS: dict[int, Callable[[dict, dict, int], dict | None]] = {
+    2: _v2_keep_noise_free, 3: _v3_rename_budgets, 4: _v4_keep_unchanged_draws,
+    5: _v5_keep_finite_private_runs}
 
 
 def key_under(d: dict, version: int) -> str:
@@ -129,7 +142,7 @@ def migrate(root: Path | None = None, dry_run: bool = False) -> dict[str, list[s
             continue
         config_dict: dict | None = d["config"]
         for v in range(version + 1, RESULTS_VERSION + 1):
-            config_dict = STEPS[v](config_dict, d["meta"], version) if config_dict is not None else None
+            config_dict = STEPS[v](config_dict, d, version) if config_dict is not None else None
         if config_dict is None:
             report["removed"].append(path.name)
             if not dry_run:
