@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +54,13 @@ PRECISIONS = ("float32", "bfloat16", "float64")
 
 class ConfigError(ValueError):
     """A configuration that cannot be run; raised before any work starts."""
+
+    def one_line(self) -> str:
+        """The message on one line (problems separated by ``;``), for a command line."""
+        lines = [x.strip() for x in str(self).splitlines() if x.strip()]
+        if len(lines) > 1 and lines[0].endswith(":"):
+            return f"{lines[0]} {'; '.join(lines[1:])}"
+        return "; ".join(lines)
 
 
 #: Labels a config's ``profile`` may carry (see :mod:`studies.common` for what they mean).
@@ -255,6 +263,12 @@ class Config:
                 continue
             if not isinstance(v, expected) or (expected is int and isinstance(v, bool)):
                 errs.append(f"{f.name} must be {expected.__name__}, got {v!r}")
+        if errs:
+            raise ConfigError("invalid config:\n  " + "\n  ".join(errs))
+        for f in dataclasses.fields(self):  # no field means anything at NaN or infinity
+            v = getattr(self, f.name)
+            if isinstance(v, float) and not math.isfinite(v):
+                errs.append(f"{f.name} must be a finite number, got {v}")
         if errs:
             raise ConfigError("invalid config:\n  " + "\n  ".join(errs))
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import multiprocessing as mp
 import os
+import signal
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -442,11 +443,34 @@ def subplan(plan: RoundPlan, rows: list[int]) -> RoundPlan:
     return RoundPlan(plan.idx[r, :s], plan.weight[r, :s], steps, drop, clients, plan.noise)
 
 
-def _worker_loop(conn, algo: Algorithm, x: torch.Tensor, y: torch.Tensor) -> None:
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to kill this worker when its parent dies (Linux ``PR_SET_PDEATHSIG``), and
+    exit at once if the parent is already gone (it may have died before the request)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the closed pipe below still ends the worker
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+def _worker_loop(conn, algo: Algorithm, x: torch.Tensor, y: torch.Tensor, parent_pid: int,
+                 inherited: list) -> None:
+    """A worker's life: serve rounds until told to stop or until the parent is gone. It closes the
+    parent's ends of every pipe it inherited at fork, so that the parent's death (whatever signal
+    ended it) closes them and ``recv`` ends with EOF instead of waiting forever."""
+    for c in inherited:
+        c.close()
+    _die_with_parent(parent_pid)
     torch.set_num_threads(1)
     releasers = {algo.config.key(): algo}  # a run batch's runs, built once each in this worker
     while True:
-        msg = conn.recv()
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            break
         if msg is None:
             break
         plan, cstates, ctx, config = msg
@@ -467,7 +491,9 @@ class ProcessPool:
         self.conns, self.procs = [], []
         for _ in range(workers):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker_loop, args=(child, algo, x, y), daemon=True)
+            inherited = [*self.conns, parent]  # the parent's ends this worker must not keep open
+            p = ctx.Process(target=_worker_loop, args=(child, algo, x, y, os.getpid(), inherited),
+                            daemon=True)
             p.start()
             child.close()
             self.conns.append(parent)

@@ -11,6 +11,7 @@ swaps the CNN for an MLP at ``quick``, DP-FL keeps 1,000 clients), and this modu
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from fedlib.config import Config, ConfigError
-from fedlib.results import REPO_ROOT, Result, result_path, results_dir
+from fedlib.results import REPO_ROOT, Result, load_cached, result_path, results_dir
 from fedlib.run import run_many
 
 PROFILES = ("smoke", "quick", "paper")
@@ -52,6 +53,52 @@ def scale_of(scales: Mapping[str, Scale], profile: str) -> Scale:
 def seeds_for(scales: Mapping[str, Scale], profile: str, seeds: int | None = None) -> list[int]:
     """Seeds 0..n-1, n = ``seeds`` or the profile's default."""
     return list(range(seeds if seeds is not None else scale_of(scales, profile).seeds))
+
+
+# ---- notebook parameters ----------------------------------------------------------------------------
+class ParameterError(ValueError):
+    """A notebook parameter that cannot be used (one line says which and why)."""
+
+
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _count(v, low: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+#: Every notebook parameter's rule: name -> (test, what it must be).
+PARAMETER_RULES = {
+    "profile": (lambda v: v in PROFILES, f"one of {', '.join(PROFILES)}"),
+    "n_seeds": (lambda v: v is None or _count(v, 1), "None or an integer >= 1"),
+    "flower_seeds": (lambda v: v is None or _count(v, 1), "None or an integer >= 1"),
+    "images": (lambda v: v is None or _count(v, 1), "None or an integer >= 1"),
+    "seed": (lambda v: _count(v, 0), "an integer >= 0"),
+    "timed_rounds": (lambda v: _count(v, 1), "an integer >= 1"),
+    "max_rounds": (lambda v: _count(v, 1), "an integer >= 1"),
+    "engine": (lambda v: v in ("auto", "sequential", "parallel", "vectorized"),
+               "auto, sequential, parallel or vectorized"),
+    **{name: (_positive, "a finite number > 0")
+       for name in ("epsilon", "eps0", "eps_round", "clip", "clip_epsilon")},
+    **{name: (lambda v: _positive(v) and v < 1, "a number in (0, 1)")
+       for name in ("delta_round", "total_delta")},
+    **{name: (lambda v: isinstance(v, (list, tuple)) and len(v) > 0 and all(_positive(x) for x in v),
+              "a non-empty list of finite numbers > 0")
+       for name in ("alphas", "epsilons", "record_epsilons", "clips")},
+}
+
+
+def check_parameters(**params) -> None:
+    """Raise :class:`ParameterError` (one line) for the first parameter that breaks its rule
+    (:data:`PARAMETER_RULES`) or that no notebook knows. Each notebook calls it right after its
+    parameters cell, before any work; ``fedlib.tools.notebooks`` calls it before executing one."""
+    for name, value in params.items():
+        if name not in PARAMETER_RULES:
+            raise ParameterError(f"unknown parameter {name!r}; known: {', '.join(sorted(PARAMETER_RULES))}")
+        test, what = PARAMETER_RULES[name]
+        if not test(value):
+            raise ParameterError(f"parameter {name} must be {what}, got {value!r}")
 
 
 # ---- runs over seeds -------------------------------------------------------------------------------
@@ -176,8 +223,7 @@ def run_all(configs: ConfigSet, progress: bool = False, engine: str = "auto") ->
     cache = [r for r in read_roots() if r != root]
     configs = with_present_seeds(configs, [root, *cache])
     if forbid_training():
-        missing = [c for cs in configs.values() for c in cs
-                   if not any(result_path(c, r).exists() for r in [root, *cache])]
+        missing = [c for cs in configs.values() for c in cs if load_cached(c, [root, *cache]) is None]
         if missing:
             raise MissingResults(
                 f"{len(missing)} result(s) missing at profile {missing[0].profile!r} (first: "

@@ -186,18 +186,30 @@ def one_result(tmp_path_factory):
     return r.path.name, json.loads(r.path.read_text())
 
 
+def _rehashed(d: dict) -> bytes:
+    """A forger recomputes the content hash: the checks must not rest on it alone."""
+    from fedlib.results import content_hash
+
+    d["meta"]["content_sha256"] = content_hash(d)
+    return json.dumps(d).encode()
+
+
 def _forged(d: dict, **config) -> tuple[str, bytes]:
-    """A result whose config was edited, with its key recomputed so that its name matches."""
+    """A result whose config was edited, with its key (and hash) recomputed so that its name matches."""
     d = json.loads(json.dumps(d))
     d["config"].update(config)
     c = Config(**d["config"])
     d["meta"]["config_key"] = c.key()
-    return f"{c.algorithm}-{c.key()}.json", json.dumps(d).encode()
+    return f"{c.algorithm}-{c.key()}.json", _rehashed(d)
 
 
-@pytest.mark.parametrize("case", ["accuracy 7", "negative loss", "invalid config", "unknown field",
-                                  "a list", "not json", "nan loss", "duplicate", "round missing",
-                                  "conflict", "stray audit"])
+REASONS = {"accuracy 7": "outside [0, 1]", "negative loss": "is negative", "invalid config": "invalid config",
+           "unknown field": "unknown config field", "a list": "not a result", "not json": "not JSON",
+           "nan loss": "not marked diverged", "duplicate": "comes twice", "round missing": "out of order",
+           "conflict": "other content", "stray audit": "no result", "edited": "content hash"}
+
+
+@pytest.mark.parametrize("case", sorted(REASONS))
 def test_unpack_refuses_bad_input_with_one_line_and_adds_nothing(case, one_result, tmp_path, capsys):
     name, good = one_result
     members: dict[str, bytes] = {}
@@ -206,17 +218,17 @@ def test_unpack_refuses_bad_input_with_one_line_and_adds_nothing(case, one_resul
     if case == "accuracy 7":
         d = json.loads(json.dumps(good))
         d["history"][-1]["test_acc"] = 7.0
-        members[name] = json.dumps(d).encode()
+        members[name] = _rehashed(d)
     elif case == "negative loss":
         d = json.loads(json.dumps(good))
         d["history"][0]["train_loss"] = -1.0
-        members[name] = json.dumps(d).encode()
+        members[name] = _rehashed(d)
     elif case == "invalid config":
         members.update([_forged(good, clients=-5)])
     elif case == "unknown field":
         d = json.loads(json.dumps(good))
         d["config"]["warp_speed"] = 9
-        members[name] = json.dumps(d).encode()
+        members[name] = _rehashed(d)
     elif case == "a list":
         members[name] = b"[1, 2, 3]"
     elif case == "not json":
@@ -224,7 +236,7 @@ def test_unpack_refuses_bad_input_with_one_line_and_adds_nothing(case, one_resul
     elif case == "nan loss":
         d = json.loads(json.dumps(good))
         d["history"][-1]["test_loss"] = float("nan")  # not marked diverged
-        members[name] = json.dumps(d).encode()
+        members[name] = _rehashed(d)
     elif case == "duplicate":
         d = json.loads(json.dumps(good))
         d["history"][-1]["test_acc"] = 0.99
@@ -234,12 +246,16 @@ def test_unpack_refuses_bad_input_with_one_line_and_adds_nothing(case, one_resul
     elif case == "round missing":
         d = json.loads(json.dumps(good))
         d["history"][0]["round"] = 5
-        members[name] = json.dumps(d).encode()
+        members[name] = _rehashed(d)
     elif case == "conflict":
         d = json.loads(json.dumps(good))
         d["history"][-1]["test_acc"] = 0.99
         root.mkdir()
         (root / name).write_text(json.dumps(good))
+        members[name] = _rehashed(d)
+    elif case == "edited":
+        d = json.loads(json.dumps(good))
+        d["history"][-1]["test_acc"] = 0.1234  # by hand, without the hash
         members[name] = json.dumps(d).encode()
     elif case == "stray audit":
         members[name] = json.dumps(good).encode()
@@ -249,6 +265,7 @@ def test_unpack_refuses_bad_input_with_one_line_and_adds_nothing(case, one_resul
     assert campaign.main(["unpack", *map(str, archives)]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "nothing was added" in err and len(err.splitlines()) == 1, err
+    assert REASONS[case] in err, err
     assert (sorted(root.rglob("*")) if root.exists() else []) == before
 
 
@@ -270,7 +287,7 @@ def test_unpack_accepts_a_result_with_its_audit_and_a_diverged_run(one_result, t
     d["history"][-1]["test_loss"] = float("nan")
     d["meta"]["diverged"] = True
     audit = {"members": [0.1, 0.2], "nonmembers": [0.3]}
-    archive = _archive(tmp_path / "a.tgz", {name: json.dumps(d).encode(),
+    archive = _archive(tmp_path / "a.tgz", {name: _rehashed(d),
                                             f"audits/{name}": json.dumps(audit).encode()})
     report = campaign.unpack([archive], root=tmp_path / "r")
     assert sorted(report["added"]) == sorted([name, f"audits/{name}"])

@@ -46,7 +46,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedlib.config import Config, ConfigError
-from fedlib.results import REPO_ROOT, Result, atomic_write_bytes, result_path, results_dir
+from fedlib.results import (
+    REPO_ROOT,
+    Result,
+    atomic_write_bytes,
+    content_hash,
+    result_path,
+    result_status,
+    results_dir,
+)
 from fedlib.run import batch_key, run_many
 
 #: Relative cost of one round per training sample, by model and by algorithm (forward/backward
@@ -90,13 +98,26 @@ def claims_for(profile: str, n_seeds: int | None = None) -> list[tuple[str, str,
 
 
 def missing(per_page: dict[str, list[Config]], root: Path | None = None) -> list[Config]:
-    """Distinct configurations without a result under ``root``."""
+    """Distinct configurations without a result under ``root`` that verifies (a file that does not,
+    :func:`fedlib.results.result_status`, counts as missing: training sets it aside and redoes it)."""
     out, seen = [], set()
     for cs in per_page.values():
         for c in cs:
-            if c.key() not in seen and not result_path(c, root).exists():
+            if c.key() not in seen and result_status(c, root) != "present":
                 seen.add(c.key())
                 out.append(c)
+    return out
+
+
+def invalid(per_page: dict[str, list[Config]], root: Path | None = None) -> list[tuple[Path, str]]:
+    """Result files under ``root`` that a page needs but that do not verify, with the reason."""
+    out, seen = [], set()
+    for cs in per_page.values():
+        for c in cs:
+            status = result_status(c, root)
+            if c.key() not in seen and status.startswith("invalid"):
+                seen.add(c.key())
+                out.append((result_path(c, root), status.split(": ", 1)[1]))
     return out
 
 
@@ -187,7 +208,7 @@ def claim_plan(profile: str, root: Path | None = None, kind: str | None = None,
         minutes = sum(estimate_s(c, per_sample) for c in configs) / 60
         for j, name in enumerate(settled):
             paper, page, claim, cs = names[name]
-            miss = [c for c in cs if not result_path(c, root).exists()]
+            miss = [c for c in cs if result_status(c, root) != "present"]
             rows.append({"step": i + 1, "paper": paper, "page": page, "claim": claim,
                          "needed": len({c.key() for c in cs}), "missing": len({c.key() for c in miss}),
                          "estimate_min": minutes if j == 0 else None})
@@ -264,7 +285,8 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
                     skipped += len(chunk)
                     complete = False
                     continue
-                finished = run_many(chunk, engine=engine, root=root, progress=progress, deadline=deadline)
+                finished = run_many(chunk, engine=engine, root=root, progress=progress, deadline=deadline,
+                                    locked="skip")  # a run another slice trains is left to it
                 for r in finished:
                     if r is None:
                         continue
@@ -336,7 +358,7 @@ UNIT_METRICS = ("test_acc", "personal_acc", "sent_frac", "kept_frac", "sparsity"
 #: Metrics that are counts, sizes or times: >= 0.
 NONNEGATIVE = ("clients", "bytes_up", "bytes_down", "wall_s", "eval_s", "clip", "next_clip",
                "update_norm_median", "noise_multiplier", "lr")
-PROVENANCE = ("device", "git_commit", "torch", "seed", "duration_s", "config_key")
+PROVENANCE = ("device", "git_commit", "torch", "seed", "duration_s", "config_key", "content_sha256")
 
 
 def _is_number(v) -> bool:
@@ -366,6 +388,8 @@ def check_result(name: str, data: bytes) -> Result:
     for k in PROVENANCE:
         if k not in meta:
             raise InvalidResult(f"{name}: provenance lacks {k!r}")
+    if meta.get("content_sha256") != content_hash(d):
+        raise InvalidResult(f"{name}: its content hash does not match what it holds")
     history = d["history"]
     if len(history) != config.rounds:
         raise InvalidResult(f"{name}: {len(history)} rounds recorded, the config has {config.rounds}")
@@ -484,7 +508,11 @@ def _print_plan(args) -> None:
         print(f"{r['step']:>4}  {r['page']:<20} {r['missing']:>7}  {est:>7}  {claim}")
     settled, total = sum(1 for r in claims if r["step"] == 0), sum(1 for r in claims if r["claim"])
     print(f"claims already settled by the results present: {settled} of {total}")
-    distinct = missing(needed(args.profile, args.pages, args.seeds))
+    per_page = needed(args.profile, args.pages, args.seeds)
+    bad = invalid(per_page)
+    for path, reason in bad:
+        print(f"invalid (counted as missing; training sets it aside): {path.name}: {reason}")
+    distinct = missing(per_page)
     print(f"missing configurations (distinct, all pages): {len(distinct)}")
 
 

@@ -6,7 +6,10 @@ A version bump changes every cache key. For each result file written under an ea
 the rule of each later version says whether the code change left that result as it was: if so,
 the file (and its model, audit and checkpoint files) is renamed to the new key and its
 ``meta.config_key`` rewritten (``meta.migrated_from`` keeps the old key); if not, it is removed,
-and the next ``make book`` recomputes it. Files already at the current version are untouched.
+and the next ``make book`` recomputes it. Files already at the current version are untouched, except
+that one written before results carried a content hash gets it (``meta.content_sha256``, which
+:meth:`fedlib.results.Result.load` checks): a format change, never a retraining. A file whose hash
+is there but does not match its content is reported (``unknown``), not blessed.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedlib.config import NOISE_KEY_VERSION, RESULTS_VERSION, Config
-from fedlib.results import atomic_write_bytes, diverged, results_dir
+from fedlib.results import atomic_write_bytes, content_hash, diverged, results_dir
 
 #: Fields that a version removed, with their default before it (to recompute old keys).
 REMOVED_FIELDS: dict[int, dict] = {3: {"dp_epsilon": 1.0, "ldp_epsilon": 0.5}}
@@ -129,13 +132,21 @@ def _companions(root: Path, algorithm: str, key: str, new: str | None) -> list[t
 def migrate(root: Path | None = None, dry_run: bool = False) -> dict[str, list[str]]:
     """Migrate every result under ``root``; returns the file names kept, removed, current, unknown."""
     root = Path(root or results_dir())
-    report: dict[str, list[str]] = {"kept": [], "removed": [], "current": [], "unknown": []}
+    report: dict[str, list[str]] = {"kept": [], "removed": [], "current": [], "hashed": [], "unknown": []}
     for path in sorted(root.glob("*.json")):
         d = json.loads(path.read_text())
         old = d["meta"].get("config_key") or path.stem.split("-")[-1]
         version = written_under(d["config"], old)
         if version == RESULTS_VERSION:
-            report["current"].append(path.name)
+            if "content_sha256" not in d["meta"]:
+                d["meta"]["content_sha256"] = content_hash(d)
+                if not dry_run:
+                    atomic_write_bytes(path, json.dumps(d, indent=1).encode())
+                report["hashed"].append(path.name)
+            elif d["meta"]["content_sha256"] != content_hash(d):
+                report["unknown"].append(path.name)
+            else:
+                report["current"].append(path.name)
             continue
         if version is None:
             report["unknown"].append(path.name)
@@ -158,6 +169,7 @@ def migrate(root: Path | None = None, dry_run: bool = False) -> dict[str, list[s
         d["meta"]["config_key"] = config.key()
         d["meta"]["migrated_from"] = old
         target = root / f"{config.algorithm}-{config.key()}.json"
+        d["meta"]["content_sha256"] = content_hash(d)
         atomic_write_bytes(target, json.dumps(d, indent=1).encode())
         if target != path:
             path.unlink()

@@ -24,7 +24,6 @@ on a CPU. ``--profile quick`` (or any other) renders every page at that profile.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import os
@@ -186,8 +185,10 @@ def _value(text: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedlib.tools.notebooks",
-                                description="execute the study's notebooks (papermill)")
+    from fedlib.__main__ import OneLineParser
+
+    p = OneLineParser(prog="python -m fedlib.tools.notebooks",
+                      description="execute the study's notebooks (papermill)")
     p.add_argument("--profile", default="quick", choices=["auto", "smoke", "quick", "paper"],
                    help="auto: each page at the largest profile whose results are complete")
     p.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
@@ -210,11 +211,22 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {prm['name']} = {prm['default']}    # {prm['meaning']}")
         return 0
     extra = {k: _value(v) for k, v in args.parameter}
+    known = {s.stem: {prm["name"] for prm in parameters_of(s)} for s in sources}
+    unknown = sorted(k for k in extra if not any(k in names for names in known.values()))
+    if unknown:
+        p.error(f"no notebook run here has the parameter(s) {unknown}")
+    from studies.common import ParameterError, check_parameters
+
+    try:  # every value against its rule, before any notebook runs
+        check_parameters(**extra)
+    except ParameterError as e:
+        p.error(str(e))
     profiles = (auto_profiles([s.stem for s in sources]) if args.profile == "auto"
                 else {s.stem: args.profile for s in sources})
     out = args.out or (CHAPTERS if args.into_book else scratch_chapters())
     for src in sources:
         params = {"profile": profiles[src.stem], **extra}
+        params = {k: v for k, v in params.items() if k == "profile" or k in known[src.stem]}
         print(f"executing {src.name} ({params}) -> {out} ...", flush=True)
         wall = execute_timed(src, out / src.name, params, into_book=args.into_book)
         print(f"  done in {wall:.0f} s", flush=True)
