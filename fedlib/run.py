@@ -29,6 +29,7 @@ from fedlib.engine import PATHS, Executor, Work, check_path, default_path, make_
 from fedlib.models import build_model
 from fedlib.partition import partition
 from fedlib.privacy.guarantee import Accountant, is_released
+from fedlib.privacy.record import Release, check, combined_multiplier, recording, total_epsilon
 from fedlib.results import (
     ConfigLocks,
     Result,
@@ -108,6 +109,10 @@ def init_params(config: Config, model: nn.Module) -> dict[str, torch.Tensor]:
 
 def projection_dim(config: Config) -> int:
     return config.projection_dim if ALGORITHMS[config.algorithm].uses_projection_head else 0
+
+
+#: Release statistics that are privacy records (fedlib.privacy.record), not metrics to average.
+PRIVACY_RECORDS = frozenset({RELEASE_PREFIX + "privacy_z", RELEASE_PREFIX + "privacy_epsilon"})
 
 
 class Experiment:
@@ -195,12 +200,14 @@ class Experiment:
         algo = self.algo
         sel = torch.tensor(selected, device=self.device, dtype=torch.long)
         if not selected:  # the server step still runs (DP noise)
-            self.gparams, self.server_state = algo.server_update(
-                self.gparams, self.server_state, algo.empty_uploads(self.gparams), self.sizes[sel], ctx)
+            with recording() as host:
+                self.gparams, self.server_state = algo.server_update(
+                    self.gparams, self.server_state, algo.empty_uploads(self.gparams), self.sizes[sel], ctx)
             return {"train_loss": float("nan"), "clients": 0, "bytes_up": 0, "bytes_down": 0,
-                    **algo.round_metrics(self.server_state, ctx), **self._account(ctx)}
-        self.gparams, self.server_state = algo.server_update(self.gparams, self.server_state,
-                                                             uploads, self.sizes[sel], ctx)
+                    **algo.round_metrics(self.server_state, ctx), **self._account(ctx, host, None)}
+        with recording() as host:
+            self.gparams, self.server_state = algo.server_update(self.gparams, self.server_state,
+                                                                 uploads, self.sizes[sel], ctx)
         up = sum(algo.upload_bytes(tmap(lambda u, i=i: u[i], uploads)) for i in range(len(selected)))
         down = len(selected) * 4 * sum(p.numel() for p in self.gparams.values())
         weights = self.sizes[sel] / self.sizes[sel].sum()
@@ -209,16 +216,34 @@ class Experiment:
         if "update_norm" in metrics:  # DP algorithms report each client's update norm before clipping
             rec["update_norm_median"] = float(metrics["update_norm"].median())
         rec.update({k[len(RELEASE_PREFIX):]: float(v.double().mean()) for k, v in metrics.items()
-                    if k.startswith(RELEASE_PREFIX)})
+                    if k.startswith(RELEASE_PREFIX) and k not in PRIVACY_RECORDS})
         rec.update(algo.round_metrics(self.server_state, ctx))
-        rec.update(self._account(ctx))
+        rec.update(self._account(ctx, host, metrics))
         return rec
 
-    def _account(self, ctx: RoundContext) -> dict[str, float]:
-        """Feed this round's privacy event to the run's accountant; the epsilon spent so far."""
+    def _account(self, ctx: RoundContext, host: list[Release], metrics) -> dict[str, float]:
+        """Feed this round's privacy to the run's accountant; the epsilon spent so far.
+
+        What the mechanisms recorded (the server's releases in ``host``; each client's, where the
+        noise is added in the clients, from its metrics: the least noise and the most epsilon over
+        them) must back the event the algorithm promises for its configuration
+        (:func:`fedlib.privacy.record.check`), else :class:`~fedlib.privacy.record.PrivacyMismatch`
+        stops the run. The accountant is then fed the promised event, which the records have shown
+        to be no more private than what was released."""
         if self.accountant is None:
             return {}
-        self.accountant.step(self.algo.privacy_event(ctx))
+        declared = self.algo.privacy_event(ctx)
+        if self.guarantee.where == "local":
+            if metrics is None:  # no client took part: nothing was released
+                return {"epsilon_spent": self.accountant.epsilon()}
+            zs = metrics.get(RELEASE_PREFIX + "privacy_z")
+            eps = metrics.get(RELEASE_PREFIX + "privacy_epsilon")
+            z = None if zs is None else float(zs.min())
+            e = None if eps is None else float(eps.max())
+        else:
+            z, e = combined_multiplier(host), total_epsilon(host)
+        check(declared, z, e, f"{self.config.algorithm}, round {ctx.t + 1}")
+        self.accountant.step(declared)
         return {"epsilon_spent": self.accountant.epsilon()}
 
     def round(self, t: int, executor: Executor) -> dict[str, float]:

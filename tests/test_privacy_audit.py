@@ -34,6 +34,7 @@ from fedlib.algorithms import dp_fedavg, fdl, ldp_fl, moon_dpap, signds_fl
 from fedlib.algorithms.base import RoundContext
 from fedlib.privacy import central, dpsgd, local
 from fedlib.privacy.audit import clopper_pearson, epsilon_lower_bound
+from fedlib.privacy.record import SensitivityError
 
 ALPHA = 1e-6
 DELTA = 1e-5
@@ -248,6 +249,14 @@ MUTATIONS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def per_coordinate_trials(monkeypatch):
+    """The Gaussian audits put the full sensitivity on every coordinate (one trial each), which no
+    real update may: the noisy sum's row-norm check (tested on its own, and at the call sites by
+    tests/test_call_sites.py) is lifted for them."""
+    monkeypatch.setattr(central, "check_rows", lambda *a, **k: None)
+
+
 @pytest.mark.parametrize("name", sorted(HARNESSES))
 def test_audit_stays_below_the_claim(name):
     a, b, claim, delta = HARNESSES[name]()
@@ -258,8 +267,13 @@ def test_audit_stays_below_the_claim(name):
 
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
 def test_audit_catches_a_mutated_call_site(name):
+    """Each mutation is caught: the mechanism refuses its input at once (it verifies the
+    sensitivity it is told), or the audit finds more epsilon than claimed."""
     harness, module, old, new = MUTATIONS[name]
-    a, b, claim, delta = HARNESSES[harness](mutated(module, old, new))
+    try:
+        a, b, claim, delta = HARNESSES[harness](mutated(module, old, new))
+    except SensitivityError:
+        return
     res = epsilon_lower_bound(a, b, delta=delta, alpha=ALPHA)
     assert res.epsilon_lower_bound > claim, (name, res)
 
@@ -273,6 +287,7 @@ def test_audit_catches_a_mutated_call_site(name):
 def test_audit_catches_a_mutated_central_mechanism(monkeypatch, old, new):
     """The shared central mechanism, mutated: every central call site notices."""
     mutant = mutated(central, old, new)
+    monkeypatch.setattr(mutant, "check_rows", lambda *a, **k: None)
     monkeypatch.setattr(moon_dpap, "noisy_sum", mutant.noisy_sum)
     monkeypatch.setattr(dp_fedavg, "noisy_sum", mutant.noisy_sum)
     for harness in (moon_dpap_central, dp_fedavg_sum):

@@ -177,7 +177,8 @@ class MoonDpap(Moon):
             return None
         first = next(iter(like.values()))
         return StepNoise(self.noise_seed(Stream.RECORD_NOISE, t), self.record["sigma"] * self.config.dp_clip,
-                         tuple((k, tuple(v.shape)) for k, v in like.items()), first.dtype, first.device)
+                         tuple((k, tuple(v.shape)) for k, v in like.items()), first.dtype, first.device,
+                         sensitivity=self.config.dp_clip)
 
     def loss_and_grad(self, params, batch, sstate, cstate, ctx):
         if self.config.dp != "record":
