@@ -161,6 +161,10 @@ class Config:
     secure_noise: bool = _param(True, "floating-point-safe privacy noise: values on a power-of-two grid, "
                                 "exact discrete Gaussian/Laplace noise (False: float noise, open to "
                                 "Mironov's attack)", "moon_dpap,dp_fedavg,fdl")
+    randomness: str = _param("seeded", "privacy noise and private client sampling: seeded (generators keyed "
+                             "on the config, round and client: a simulation reproduces exactly) or secret "
+                             "(OS entropy at every draw, nothing written regenerates them: a deployment)",
+                             "moon_dpap,dp_fedavg,ldp_fl,signds_fl,fdl")
     # ---- DP-FedAvg (McMahan et al. 2018) and adaptive clipping (Andrew et al. 2021) --------
     dp_noise_multiplier: float = _param(1.0, "DP-FedAvg: z; noise std on the sum of clipped updates = z C",
                                         "dp_fedavg")
@@ -322,6 +326,8 @@ class Config:
                 )
             elif self.partition == "shards" and self.clients * self.shards_per_client > self.n_train:
                 errs.append("more shards than training samples")
+        if self.randomness not in ("seeded", "secret"):
+            errs.append(f"randomness must be seeded or secret, got {self.randomness!r}")
         if self.profile not in PROFILE_NAMES:
             errs.append(f"unknown profile {self.profile!r}; choose from {list(PROFILE_NAMES)}")
         if self.algorithm in _ALGORITHM_CHECKS:

@@ -349,7 +349,8 @@ class _Trainee:
                 "duration_s": time.time() - start + elapsed_before,
                 "train_samples": int(len(exp.data.y_train)), "test_samples": int(len(exp.data.y_test)),
                 "client_sizes": [len(p) for p in exp.parts], "diverged": diverged(self.history),
-                "data_sha256": data_mod.dataset_digest(config.dataset), **extra}
+                "data_sha256": data_mod.dataset_digest(config.dataset),
+                "reproducible": config.randomness != "secret", **extra}
         if exp.guarantee is not None:
             metrics = sorted({k for h in self.history for k in h})
             meta["privacy"] = {**exp.guarantee.to_dict(),

@@ -152,3 +152,24 @@ def test_the_unmutated_runs_complete():
     for name in ("dp_fedavg fixed", "dp_fedavg adaptive"):
         exp = _rounds(PRIVATE[name], 4)
         assert exp.accountant.epsilon() > 0
+
+
+def test_secret_randomness_draws_noise_and_samples_nobody_can_regenerate(tmp_path):
+    """A deployment's mode: OS entropy at every draw. The same config then gives other noise and
+    another Poisson sample each time (a seeded simulation gives the same), and the result says it
+    does not reproduce."""
+    from fedlib import run
+    from fedlib.run import load_model
+
+    seeded = PRIVATE["dp_fedavg fixed"].replace(rounds=1)
+    secret = seeded.replace(randomness="secret")
+    algo = ALGORITHMS["dp_fedavg"](secret, torch.nn.Linear(1, 1))
+    # ten Poisson samples (q = 0.5, 6 clients) of the same round all equal: probability below 1e-16
+    assert len({tuple(algo.sample_clients(0)) for _ in range(10)}) > 1
+    models = []
+    for i, cfg in enumerate((seeded, seeded, secret, secret)):
+        r = run(cfg, root=tmp_path / str(i), progress=False, device="cpu")
+        models.append(load_model(r, tmp_path / str(i))[1])
+        assert r.meta["reproducible"] is (cfg.randomness == "seeded")
+    same = lambda a, b: all(torch.equal(a[k], b[k]) for k in a)  # noqa: E731
+    assert same(models[0], models[1]) and not same(models[2], models[3])

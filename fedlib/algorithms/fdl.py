@@ -48,7 +48,7 @@ class Fdl(SparseUpload):
     stream = Stream.FDL
     fields = ("fdl_mode", "fdl_epsilon_per_draw", "fdl_epsilon_per_round", "ldp_clip", "fdl_r", "fdl_th",
               "fdl_k",
-              "fdl_selection_share", "secure_noise")
+              "fdl_selection_share", "secure_noise", "randomness")
 
     @classmethod
     def check(cls, config) -> list[str]:

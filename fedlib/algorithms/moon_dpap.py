@@ -117,7 +117,7 @@ class MoonDpap(Moon):
     fields = (*Moon.fields, "cosine_lr", "lr_min", "tau_min", "mu_max", "schedule_ramp", "prune",
               "prune_t_min",
               "prune_t_max", "dp", "dp_epsilon_per_round", "dp_epsilon_total", "dp_schedule", "dp_eps_floor",
-              "dp_clip", "dp_delta", "secure_noise")
+              "dp_clip", "dp_delta", "secure_noise", "randomness")
 
     @classmethod
     def check(cls, config: Config) -> list[str]:
