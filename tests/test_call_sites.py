@@ -123,6 +123,7 @@ def _run_with(monkeypatch, algorithm_class, config: Config, rounds: int = 3):
     return _rounds(config, rounds)
 
 
+@pytest.mark.source_mutation
 def test_clipping_skipped_at_dp_fedavgs_call_site_stops_the_run(monkeypatch):
     mutant = mutated(dp_fedavg, 'clipped, norm = clip_by_l2(upload["delta"], ctx.shared["clip"])',
                      'clipped, norm = upload["delta"], flat_norm(upload["delta"])')
@@ -131,6 +132,7 @@ def test_clipping_skipped_at_dp_fedavgs_call_site_stops_the_run(monkeypatch):
         _run_with(monkeypatch, mutant.DpFedAvg, PRIVATE["dp_fedavg fixed"])
 
 
+@pytest.mark.source_mutation
 def test_half_the_noise_on_adaptive_clippings_count_stops_the_run(monkeypatch):
     mutant = mutated(central, "noisy_count(unclipped - 0.5, self.count_std,",
                      "noisy_count(unclipped - 0.5, 0.5 * self.count_std,")
@@ -139,6 +141,7 @@ def test_half_the_noise_on_adaptive_clippings_count_stops_the_run(monkeypatch):
         _rounds(PRIVATE["dp_fedavg adaptive"])
 
 
+@pytest.mark.source_mutation
 def test_noise_calibrated_on_the_initial_clip_stops_the_run(monkeypatch):
     """Adaptive clipping grows C from C0 = 0.01 (every update is clipped at first): from the second
     round on, updates clipped to C_t > C0 enter a sum whose noise is sized for C0."""

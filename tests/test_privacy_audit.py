@@ -265,6 +265,7 @@ def test_audit_stays_below_the_claim(name):
     assert res.epsilon_lower_bound > 0.3 * claim, (name, res)  # the audit has power here
 
 
+@pytest.mark.source_mutation
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
 def test_audit_catches_a_mutated_call_site(name):
     """Each mutation is caught: the mechanism refuses its input at once (it verifies the
@@ -284,6 +285,7 @@ def test_audit_catches_a_mutated_call_site(name):
         ("sigma = noise_multiplier * grid_sensitivity", "sigma = 0.5 * noise_multiplier * grid_sensitivity"),
     ],
 )
+@pytest.mark.source_mutation
 def test_audit_catches_a_mutated_central_mechanism(monkeypatch, old, new):
     """The shared central mechanism, mutated: every central call site notices."""
     mutant = mutated(central, old, new)
@@ -302,6 +304,7 @@ def test_audit_catches_a_mutated_central_mechanism(monkeypatch, old, new):
         ("(summed[k] + noise[k])", "(summed[k] + 0.5 * noise[k])"),  # half the noise
     ],
 )
+@pytest.mark.source_mutation
 def test_audit_catches_a_mutated_dpsgd_step(monkeypatch, old, new):
     """DP-SGD's clip and noise, mutated in :mod:`fedlib.privacy.dpsgd`: the record-level audit
     (through MOON-DPAP's call site) notices. (The divisor B is not a privacy parameter: scaling
@@ -312,6 +315,7 @@ def test_audit_catches_a_mutated_dpsgd_step(monkeypatch, old, new):
     assert epsilon_lower_bound(a, b, delta=delta, alpha=ALPHA).epsilon_lower_bound > claim
 
 
+@pytest.mark.source_mutation
 def test_audit_catches_a_mutated_laplace_scale(monkeypatch):
     mutant = mutated(
         local,
@@ -345,6 +349,7 @@ def test_clopper_pearson_covers_and_audit_is_zero_without_signal():
     assert same.epsilon_lower_bound < 0.1
 
 
+@pytest.mark.source_mutation
 def test_mutation_helper_refuses_a_missing_target():
     with pytest.raises(AssertionError, match="not found"):
         mutated(importlib.import_module("fedlib.algorithms.fdl"), "no such text", "x")
