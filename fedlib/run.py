@@ -111,6 +111,26 @@ def projection_dim(config: Config) -> int:
     return config.projection_dim if ALGORITHMS[config.algorithm].uses_projection_head else 0
 
 
+def client_plan(algo: Algorithm, model: nn.Module, parts: list[np.ndarray], selected: list[int], t: int,
+                gparams: dict[str, torch.Tensor], device: torch.device):
+    """The minibatches (and, under record-level DP-SGD, the step noise) of the clients ``selected``
+    in round ``t``; ``parts[i]`` holds the indices of client ``selected[i]``'s samples in the tensor
+    the engine will index. Each client's rows depend only on its id and on the order of its own
+    samples, so a client that computes its plan alone, on its own data (a Flower SuperNode, whose
+    ``parts`` are positions in its local tensor), gets the same batches as in the whole round's."""
+    c = algo.config
+    common = {"batch_size": c.batch_size, "epochs": c.local_epochs, "seed": c.seed, "round_": t,
+              "device": device, "dropout": c.dropout if algo.uses_dropout() else 0.0,
+              "repr_dim": getattr(model, "repr_dim", 0)}
+    if algo.poisson_records():
+        keys = [algo.noise_seed(Stream.RECORD_SAMPLING, t, cid) for cid in selected]
+        plan = make_poisson_plan(parts, selected, keys, **common)
+    else:
+        plan = make_plan(parts, selected, **common)
+    noise = algo.step_noise(t, gparams)
+    return plan if noise is None else dataclasses.replace(plan, noise=noise)
+
+
 #: Release statistics that are privacy records (fedlib.privacy.record), not metrics to average.
 PRIVACY_RECORDS = frozenset({RELEASE_PREFIX + "privacy_z", RELEASE_PREFIX + "privacy_epsilon"})
 
@@ -165,20 +185,9 @@ class Experiment:
 
     def plan(self, t: int, selected: list[int], gparams: dict[str, torch.Tensor]):
         """The minibatches (and, under record-level DP-SGD, the step noise) of ``selected`` in
-        round ``t``. Each client's rows depend only on its own id, so a client that computes its
-        plan alone (:mod:`fedlib.flower`) gets the same batches as in the whole round's plan."""
-        c, algo = self.config, self.algo
-        parts = [self.parts[i] for i in selected]
-        common = {"batch_size": c.batch_size, "epochs": c.local_epochs, "seed": c.seed, "round_": t,
-                  "device": self.device, "dropout": c.dropout if algo.uses_dropout() else 0.0,
-                  "repr_dim": getattr(self.model, "repr_dim", 0)}
-        if algo.poisson_records():
-            keys = [algo.noise_seed(Stream.RECORD_SAMPLING, t, cid) for cid in selected]
-            plan = make_poisson_plan(parts, selected, keys, **common)
-        else:
-            plan = make_plan(parts, selected, **common)
-        noise = algo.step_noise(t, gparams)
-        return plan if noise is None else dataclasses.replace(plan, noise=noise)
+        round ``t`` (:func:`client_plan`)."""
+        return client_plan(self.algo, self.model, [self.parts[i] for i in selected], selected, t, gparams,
+                           self.device)
 
     def finish(self, selected: list[int], work: Work, outputs) -> dict[str, float]:
         """Update the client states and the global model from the clients' outputs (their uploads
