@@ -4,18 +4,20 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-PROFILE ?= quick
+PROFILE ?= auto
 DATA_STAMP := data/raw/.fetched
 
-.PHONY: book test test-full test-gpu paper notebooks data venv bench lint clean help
+.PHONY: book test test-full test-gpu paper gpu-bundle notebooks data venv bench lint clean help
 
 help:
-	@echo "make book   - set up, fetch data, execute every notebook (PROFILE=$(PROFILE)), build the HTML book"
+	@echo "make book   - set up, fetch data, execute every notebook, build the HTML book (PROFILE=$(PROFILE):"
+	@echo "              each page at paper where its results are complete, else quick; PROFILE=quick: all quick)"
 	@echo "make test   - set up, fetch data, run the test suite"
 	@echo "make test-full - the tests and the heavy statistical audits"
 	@echo "make test-gpu - the tests that exercise CUDA (skipped without a GPU)"
 	@echo "make bench  - engine benchmark (saved under data/bench/)"
 	@echo "make paper  - one slice of the paper-scale campaign (a GPU; BUDGET_MIN=25)"
+	@echo "make gpu-bundle - wheels and gzipped data for an offline GPU node (bash tools/gpu-slice.sh there)"
 
 # ---- environment: a venv with the pinned requirements --------------------------------
 $(STAMP): requirements.txt pyproject.toml
@@ -69,6 +71,11 @@ test-gpu: $(DATA_STAMP)
 paper: $(DATA_STAMP)
 	$(PY) -m fedlib.tools.campaign plan --profile paper
 	$(PY) -m fedlib.tools.campaign run --profile paper --budget-min $(or $(BUDGET_MIN),25)
+
+# What an offline GPU node lacks (wheels, gzipped datasets), into .whl/ and .gpudata/ (git-ignored);
+# on the node: bash tools/gpu-slice.sh MINUTES OUTDIR.
+gpu-bundle: $(DATA_STAMP)
+	$(PY) -m fedlib.tools.gpu_bundle
 
 bench: $(DATA_STAMP)
 	$(PY) -m fedlib.tools.bench --json --save

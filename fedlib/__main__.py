@@ -10,10 +10,38 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 
 from fedlib.config import Config, ConfigError
 from fedlib.engine import PATHS
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (``error: ...``) and exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def finite_json(value):
+    """``value`` with every non-finite float as ``None``, so that ``json.dumps`` writes valid JSON
+    (a diverged run's NaN loss is ``null``, not the bare ``NaN`` JSON does not allow)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
 
 
 def _add_config_options(p: argparse.ArgumentParser) -> None:
@@ -29,8 +57,8 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fedlib", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = OneLineParser(prog="python -m fedlib", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     r = sub.add_parser("run", help="train one configuration (or load it from the cache)")
     _add_config_options(r)
@@ -38,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="engine path (auto: vectorized on a GPU, parallel on a multi-core CPU)")
     r.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     r.add_argument("--force", action="store_true", help="retrain even if the result is cached")
-    r.add_argument("--checkpoint-every", type=int, default=5)
+    r.add_argument("--checkpoint-every", type=_positive_int, default=5,
+                   help="rounds between checkpoints (>= 1)")
     r.add_argument("--json", action="store_true",
                    help="print the final metrics and result path as one JSON line at the end")
     r.add_argument("--no-progress", action="store_true")
@@ -62,20 +91,31 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = Config().replace(**explicit).validate()
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e.one_line()}", file=sys.stderr)
         return 2
 
-    from fedlib.run import run
-    result = run(config, engine=args.engine, device=args.device, force=args.force,
-                 checkpoint_every=args.checkpoint_every, progress=not args.no_progress)
+    from fedlib.run import DeviceError, pick_device, run
+    try:
+        pick_device(args.device)
+    except DeviceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        result = run(config, engine=args.engine, device=args.device, force=args.force,
+                     checkpoint_every=args.checkpoint_every, progress=not args.no_progress)
+    except (OSError, ValueError) as e:  # an unwritable results folder, a refused input
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
     final = result.final
     print(f"final round {final['round']}: test accuracy {final['test_acc']:.4f}, "
           f"test loss {final['test_loss']:.4f} ({result.path})", file=sys.stderr)
     if args.json:
-        print(json.dumps({"test_acc": final["test_acc"], "test_loss": final["test_loss"],
-                          "round": final["round"], "result_path": str(result.path),
-                          "config_key": config.key(), "duration_s": result.meta["duration_s"],
-                          "device": result.meta["device"], "engine": result.meta["engine"]}))
+        print(json.dumps(finite_json({
+            "test_acc": final["test_acc"], "test_loss": final["test_loss"], "round": final["round"],
+            "result_path": str(result.path), "config_key": config.key(),
+            "duration_s": result.meta["duration_s"], "device": result.meta["device"],
+            "engine": result.meta["engine"], "diverged": result.meta.get("diverged", False)}),
+            allow_nan=False))
     return 0
 
 

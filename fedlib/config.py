@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,8 +35,9 @@ from typing import Any
 #: renamed to one meaning each (dp_epsilon, ldp_epsilon split by unit; results unchanged).
 #: 4: local randomisers run in each client with generators keyed per client (LDP-FL, SignDS-FL,
 #: FDL draw anew; MOON-DPAP's local noise was already keyed per client), and DP-FedAvg's Poisson
-#: sample is keyed on the whole config.
-RESULTS_VERSION = 4
+#: sample is keyed on the whole config. 5: a non-finite update (or per-sample gradient) is zeroed
+#: before it is clipped or randomised (only runs with a privacy mechanism whose losses diverged change).
+RESULTS_VERSION = 5
 
 #: The results version whose cache key also keys every privacy-noise and client-sampling stream
 #: (:meth:`Config.noise_key`). Frozen, never bumped: a :data:`RESULTS_VERSION` bump must not
@@ -52,6 +54,13 @@ PRECISIONS = ("float32", "bfloat16", "float64")
 
 class ConfigError(ValueError):
     """A configuration that cannot be run; raised before any work starts."""
+
+    def one_line(self) -> str:
+        """The message on one line (problems separated by ``;``), for a command line."""
+        lines = [x.strip() for x in str(self).splitlines() if x.strip()]
+        if len(lines) > 1 and lines[0].endswith(":"):
+            return f"{lines[0]} {'; '.join(lines[1:])}"
+        return "; ".join(lines)
 
 
 #: Labels a config's ``profile`` may carry (see :mod:`studies.common` for what they mean).
@@ -152,6 +161,10 @@ class Config:
     secure_noise: bool = _param(True, "floating-point-safe privacy noise: values on a power-of-two grid, "
                                 "exact discrete Gaussian/Laplace noise (False: float noise, open to "
                                 "Mironov's attack)", "moon_dpap,dp_fedavg,fdl")
+    randomness: str = _param("seeded", "privacy noise and private client sampling: seeded (generators keyed "
+                             "on the config, round and client: a simulation reproduces exactly) or secret "
+                             "(OS entropy at every draw, nothing written regenerates them: a deployment)",
+                             "moon_dpap,dp_fedavg,ldp_fl,signds_fl,fdl")
     # ---- DP-FedAvg (McMahan et al. 2018) and adaptive clipping (Andrew et al. 2021) --------
     dp_noise_multiplier: float = _param(1.0, "DP-FedAvg: z; noise std on the sum of clipped updates = z C",
                                         "dp_fedavg")
@@ -256,6 +269,12 @@ class Config:
                 errs.append(f"{f.name} must be {expected.__name__}, got {v!r}")
         if errs:
             raise ConfigError("invalid config:\n  " + "\n  ".join(errs))
+        for f in dataclasses.fields(self):  # no field means anything at NaN or infinity
+            v = getattr(self, f.name)
+            if isinstance(v, float) and not math.isfinite(v):
+                errs.append(f"{f.name} must be a finite number, got {v}")
+        if errs:
+            raise ConfigError("invalid config:\n  " + "\n  ".join(errs))
 
         if self.algorithm not in _ALGORITHM_CHECKS:
             errs.append(f"unknown algorithm {self.algorithm!r}; choose from {algorithm_names()}")
@@ -307,6 +326,8 @@ class Config:
                 )
             elif self.partition == "shards" and self.clients * self.shards_per_client > self.n_train:
                 errs.append("more shards than training samples")
+        if self.randomness not in ("seeded", "secret"):
+            errs.append(f"randomness must be seeded or secret, got {self.randomness!r}")
         if self.profile not in PROFILE_NAMES:
             errs.append(f"unknown profile {self.profile!r}; choose from {list(PROFILE_NAMES)}")
         if self.algorithm in _ALGORITHM_CHECKS:

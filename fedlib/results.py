@@ -7,11 +7,17 @@ round and provenance (seed, device, versions, git commit, duration).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
+import math
 import os
 import platform
+import shutil
 import subprocess
+import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,15 +50,40 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
+    """``torch.save`` to a temporary file, then renamed: a failed write (a full disk) leaves the
+    previous file as it was, and says so as an ``OSError`` naming the file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         torch.save(obj, tmp)
         os.replace(tmp, path)
+    except (RuntimeError, OSError) as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(f"could not write {path} ({' '.join(str(e).split())[:200]}; is the disk full?); "
+                      "the previous file, if any, is unchanged") from e
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def check_writable(folders: list[Path], need_bytes: int = 0) -> None:
+    """Before any work: each folder exists or can be made, a file can be written in it, and its disk
+    has ``need_bytes`` free; else an ``OSError`` that says which folder and why."""
+    for folder in folders:
+        folder = Path(folder)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-probe.")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            raise OSError(f"cannot write to {folder}: {e.strerror or e}; choose another folder "
+                          "(FEDLIB_RESULTS_DIR) or fix its permissions") from None
+        free = shutil.disk_usage(folder).free
+        if free < need_bytes:
+            raise OSError(f"{folder} has {free / 2**20:.0f} MiB free, the run needs about "
+                          f"{need_bytes / 2**20:.0f} MiB for its checkpoints and results")
 
 
 def git_commit() -> str:
@@ -69,6 +100,14 @@ def git_commit() -> str:
         return "unknown"
 
 
+@functools.cache
+def code_commit() -> str:
+    """:func:`git_commit` as it was when this process first asked: the code a long run executes is
+    what it imported at its start, so an edit or a checkout during the run must not change the
+    commit its results record."""
+    return git_commit()
+
+
 def provenance(device: torch.device, engine: str) -> dict[str, Any]:
     import numpy
 
@@ -77,7 +116,7 @@ def provenance(device: torch.device, engine: str) -> dict[str, Any]:
         dev += f" ({torch.cuda.get_device_name(device)})"
     return {"device": dev, "engine": engine, "torch": torch.__version__, "numpy": numpy.__version__,
             "python": platform.python_version(), "platform": platform.platform(),
-            "cpu_threads": torch.get_num_threads(), "git_commit": git_commit()}
+            "cpu_threads": torch.get_num_threads(), "git_commit": code_commit()}
 
 
 @dataclass
@@ -99,17 +138,150 @@ class Result:
         return pd.DataFrame(self.history)
 
     def to_json(self) -> str:
-        return json.dumps({"config": self.config.to_dict(), "history": self.history,
-                           "meta": self.meta}, indent=1)
+        """The result file's text, with the content hash of what it holds (``meta.content_sha256``)."""
+        d = {"config": self.config.to_dict(), "history": self.history, "meta": dict(self.meta)}
+        d["meta"]["content_sha256"] = content_hash(d)
+        return json.dumps(d, indent=1)
 
     @classmethod
-    def load(cls, path: Path) -> Result:
-        d = json.loads(Path(path).read_text())
-        return cls(Config.from_dict(d["config"]), d["history"], d["meta"], Path(path))
+    def load(cls, path: Path, expect: Config | None = None) -> Result:
+        """The result at ``path``, verified: a JSON object with config, history and meta; its file
+        name and ``meta.config_key`` are its config's key (and that config is ``expect`` when given);
+        its content hash matches what it holds (an edit by hand shows). Anything else is an
+        :class:`InvalidResultFile` with a one-line reason."""
+        path = Path(path)
+        try:
+            d = json.loads(path.read_bytes())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise InvalidResultFile(path, f"not a readable JSON file ({type(e).__name__})") from None
+        if not (isinstance(d, dict) and isinstance(d.get("config"), dict)
+                and isinstance(d.get("history"), list) and isinstance(d.get("meta"), dict)):
+            raise InvalidResultFile(path, "not a result (an object with config, history and meta)")
+        try:
+            config = Config.from_dict(d["config"])
+        except (ValueError, TypeError) as e:
+            raise InvalidResultFile(path, f"its config is invalid ({' '.join(str(e).split())})") from None
+        key = config.key()
+        if path.name != f"{config.algorithm}-{key}.json" or d["meta"].get("config_key") != key:
+            raise InvalidResultFile(path, f"it holds the result of another config ({config.algorithm}-"
+                                          f"{key})")
+        if expect is not None and config != expect:
+            raise InvalidResultFile(path, "its config is not the one asked for")
+        if d["meta"].get("content_sha256") != content_hash(d):
+            raise InvalidResultFile(path, "its content hash does not match (edited by hand, or written by "
+                                          "older code: python -m fedlib.tools.migrate adds it)")
+        return cls(config, d["history"], d["meta"], path)
 
     def save(self, path: Path) -> None:
-        atomic_write_bytes(path, self.to_json().encode())
+        text = self.to_json()
+        self.meta["content_sha256"] = json.loads(text)["meta"]["content_sha256"]
+        atomic_write_bytes(path, text.encode())
         self.path = path
+
+
+class InvalidResultFile(ValueError):
+    """A result file that does not verify (see :meth:`Result.load`)."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = Path(path), reason
+
+
+def content_hash(d: dict[str, Any]) -> str:
+    """SHA-256 of a result's config, history and meta (less the hash itself), as canonical JSON:
+    what :meth:`Result.load` checks."""
+    meta = {k: v for k, v in d["meta"].items() if k != "content_sha256"}
+    payload = json.dumps({"config": d["config"], "history": d["history"], "meta": meta}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def set_aside(path: Path, reason: str) -> Path:
+    """Move a result file that does not verify out of the way (never delete it) to
+    ``<its folder>/rejected/<name>.<UTC time>``, with a one-line warning on stderr; returns where."""
+    path = Path(path)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = path.parent / "rejected" / f"{path.name}.{stamp}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(path, target)
+    print(f"warning: {path.name} set aside to {target} ({reason}); it will be recomputed", file=sys.stderr)
+    return target
+
+
+class ConfigLocks:
+    """One lock file per configuration under ``<root>/locks/`` (``fcntl.flock``), held while a
+    process trains it, so that concurrent processes (two campaign slices, a notebook beside a
+    campaign) split the work instead of training the same run twice. The kernel releases a lock
+    when its process dies, however it dies, so a dead process's lock is simply taken over."""
+
+    def __init__(self, root: Path):
+        self.folder = Path(root) / "locks"
+        self.held: dict[str, int] = {}
+
+    def acquire(self, config: Config, block: bool) -> bool:
+        """Lock ``config``; with ``block`` wait for another holder, else return False at once."""
+        import fcntl
+
+        key = config.key()
+        if key in self.held:
+            return True
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.folder / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())  # who holds it, for a curious reader
+        self.held[key] = fd
+        return True
+
+    def release_all(self) -> None:
+        import fcntl
+
+        for fd in self.held.values():
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+        self.held.clear()
+
+
+def load_cached(config: Config, roots: list[Path]) -> Result | None:
+    """The first result of ``config`` under ``roots`` that verifies (:meth:`Result.load`); a file
+    that does not is set aside (:func:`set_aside`) and the next root is tried; None if none."""
+    for root in roots:
+        path = result_path(config, root)
+        if not path.exists():
+            continue
+        try:
+            return Result.load(path, expect=config)
+        except InvalidResultFile as e:
+            set_aside(path, e.reason)
+    return None
+
+
+def result_status(config: Config, root: Path | None = None) -> str:
+    """``present`` (a result that verifies), ``missing``, or ``invalid: <reason>`` (left in place)."""
+    path = result_path(config, root)
+    if not path.exists():
+        return "missing"
+    try:
+        Result.load(path, expect=config)
+        return "present"
+    except InvalidResultFile as e:
+        return f"invalid: {e.reason}"
+
+
+def diverged(history: list[dict[str, Any]]) -> bool:
+    """Whether a run's history holds a non-finite loss (a training loss counts only in a round with
+    clients: a round without any has none to report)."""
+    for h in history:
+        v = h.get("test_loss")
+        if v is not None and not math.isfinite(v):
+            return True
+        v = h.get("train_loss")
+        if v is not None and h.get("clients", 1) != 0 and not math.isfinite(v):
+            return True
+    return False
 
 
 def result_path(config: Config, root: Path | None = None) -> Path:

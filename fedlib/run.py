@@ -29,24 +29,46 @@ from fedlib.engine import PATHS, Executor, Work, check_path, default_path, make_
 from fedlib.models import build_model
 from fedlib.partition import partition
 from fedlib.privacy.guarantee import Accountant, is_released
+from fedlib.privacy.record import Release, check, combined_multiplier, recording, total_epsilon
 from fedlib.results import (
+    ConfigLocks,
     Result,
     atomic_torch_save,
+    check_writable,
     checkpoint_path,
+    code_commit,
+    diverged,
+    load_cached,
     model_path,
     provenance,
     result_path,
     results_dir,
+    set_aside,
 )
 from fedlib.streams import Stream
-from fedlib.tree import stack, tmap
+from fedlib.tree import leaves, stack, tmap
+
+
+class DeviceError(ValueError):
+    """A device that does not exist here; raised before any work starts."""
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:
-    """``auto``/None: CUDA when available, else the CPU. On CUDA, also :func:`make_deterministic`."""
+    """``auto``/None: CUDA when available, else the CPU. On CUDA, also :func:`make_deterministic`.
+    A device that does not exist (an unknown name, ``cuda`` on a machine without a GPU, ``cuda:3``
+    on one with two) is a :class:`DeviceError` naming what this machine has."""
     if device in (None, "auto"):
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise DeviceError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N") from None
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if dev.type == "cuda" and (n == 0 or (dev.index or 0) >= n):
+        found = "no CUDA GPU" if n == 0 else f"{n} CUDA GPU(s): cuda:0..cuda:{n - 1}"
+        raise DeviceError(f"device {device!r} is not available: this machine has {found}")
+    if dev.type not in ("cpu", "cuda"):
+        raise DeviceError(f"device {device!r} is not supported; use auto, cpu, cuda or cuda:N")
     if dev.type == "cuda":
         make_deterministic()
     return dev
@@ -87,6 +109,30 @@ def init_params(config: Config, model: nn.Module) -> dict[str, torch.Tensor]:
 
 def projection_dim(config: Config) -> int:
     return config.projection_dim if ALGORITHMS[config.algorithm].uses_projection_head else 0
+
+
+def client_plan(algo: Algorithm, model: nn.Module, parts: list[np.ndarray], selected: list[int], t: int,
+                gparams: dict[str, torch.Tensor], device: torch.device):
+    """The minibatches (and, under record-level DP-SGD, the step noise) of the clients ``selected``
+    in round ``t``; ``parts[i]`` holds the indices of client ``selected[i]``'s samples in the tensor
+    the engine will index. Each client's rows depend only on its id and on the order of its own
+    samples, so a client that computes its plan alone, on its own data (a Flower SuperNode, whose
+    ``parts`` are positions in its local tensor), gets the same batches as in the whole round's."""
+    c = algo.config
+    common = {"batch_size": c.batch_size, "epochs": c.local_epochs, "seed": c.seed, "round_": t,
+              "device": device, "dropout": c.dropout if algo.uses_dropout() else 0.0,
+              "repr_dim": getattr(model, "repr_dim", 0)}
+    if algo.poisson_records():
+        keys = [algo.noise_seed(Stream.RECORD_SAMPLING, t, cid) for cid in selected]
+        plan = make_poisson_plan(parts, selected, keys, **common)
+    else:
+        plan = make_plan(parts, selected, **common)
+    noise = algo.step_noise(t, gparams)
+    return plan if noise is None else dataclasses.replace(plan, noise=noise)
+
+
+#: Release statistics that are privacy records (fedlib.privacy.record), not metrics to average.
+PRIVACY_RECORDS = frozenset({RELEASE_PREFIX + "privacy_z", RELEASE_PREFIX + "privacy_epsilon"})
 
 
 class Experiment:
@@ -139,20 +185,9 @@ class Experiment:
 
     def plan(self, t: int, selected: list[int], gparams: dict[str, torch.Tensor]):
         """The minibatches (and, under record-level DP-SGD, the step noise) of ``selected`` in
-        round ``t``. Each client's rows depend only on its own id, so a client that computes its
-        plan alone (:mod:`fedlib.flower`) gets the same batches as in the whole round's plan."""
-        c, algo = self.config, self.algo
-        parts = [self.parts[i] for i in selected]
-        common = {"batch_size": c.batch_size, "epochs": c.local_epochs, "seed": c.seed, "round_": t,
-                  "device": self.device, "dropout": c.dropout if algo.uses_dropout() else 0.0,
-                  "repr_dim": getattr(self.model, "repr_dim", 0)}
-        if algo.poisson_records():
-            keys = [algo.noise_seed(Stream.RECORD_SAMPLING, t, cid) for cid in selected]
-            plan = make_poisson_plan(parts, selected, keys, **common)
-        else:
-            plan = make_plan(parts, selected, **common)
-        noise = algo.step_noise(t, gparams)
-        return plan if noise is None else dataclasses.replace(plan, noise=noise)
+        round ``t`` (:func:`client_plan`)."""
+        return client_plan(self.algo, self.model, [self.parts[i] for i in selected], selected, t, gparams,
+                           self.device)
 
     def finish(self, selected: list[int], work: Work, outputs) -> dict[str, float]:
         """Update the client states and the global model from the clients' outputs (their uploads
@@ -174,12 +209,14 @@ class Experiment:
         algo = self.algo
         sel = torch.tensor(selected, device=self.device, dtype=torch.long)
         if not selected:  # the server step still runs (DP noise)
-            self.gparams, self.server_state = algo.server_update(
-                self.gparams, self.server_state, algo.empty_uploads(self.gparams), self.sizes[sel], ctx)
+            with recording() as host:
+                self.gparams, self.server_state = algo.server_update(
+                    self.gparams, self.server_state, algo.empty_uploads(self.gparams), self.sizes[sel], ctx)
             return {"train_loss": float("nan"), "clients": 0, "bytes_up": 0, "bytes_down": 0,
-                    **algo.round_metrics(self.server_state, ctx), **self._account(ctx)}
-        self.gparams, self.server_state = algo.server_update(self.gparams, self.server_state,
-                                                             uploads, self.sizes[sel], ctx)
+                    **algo.round_metrics(self.server_state, ctx), **self._account(ctx, host, None)}
+        with recording() as host:
+            self.gparams, self.server_state = algo.server_update(self.gparams, self.server_state,
+                                                                 uploads, self.sizes[sel], ctx)
         up = sum(algo.upload_bytes(tmap(lambda u, i=i: u[i], uploads)) for i in range(len(selected)))
         down = len(selected) * 4 * sum(p.numel() for p in self.gparams.values())
         weights = self.sizes[sel] / self.sizes[sel].sum()
@@ -188,16 +225,34 @@ class Experiment:
         if "update_norm" in metrics:  # DP algorithms report each client's update norm before clipping
             rec["update_norm_median"] = float(metrics["update_norm"].median())
         rec.update({k[len(RELEASE_PREFIX):]: float(v.double().mean()) for k, v in metrics.items()
-                    if k.startswith(RELEASE_PREFIX)})
+                    if k.startswith(RELEASE_PREFIX) and k not in PRIVACY_RECORDS})
         rec.update(algo.round_metrics(self.server_state, ctx))
-        rec.update(self._account(ctx))
+        rec.update(self._account(ctx, host, metrics))
         return rec
 
-    def _account(self, ctx: RoundContext) -> dict[str, float]:
-        """Feed this round's privacy event to the run's accountant; the epsilon spent so far."""
+    def _account(self, ctx: RoundContext, host: list[Release], metrics) -> dict[str, float]:
+        """Feed this round's privacy to the run's accountant; the epsilon spent so far.
+
+        What the mechanisms recorded (the server's releases in ``host``; each client's, where the
+        noise is added in the clients, from its metrics: the least noise and the most epsilon over
+        them) must back the event the algorithm promises for its configuration
+        (:func:`fedlib.privacy.record.check`), else :class:`~fedlib.privacy.record.PrivacyMismatch`
+        stops the run. The accountant is then fed the promised event, which the records have shown
+        to be no more private than what was released."""
         if self.accountant is None:
             return {}
-        self.accountant.step(self.algo.privacy_event(ctx))
+        declared = self.algo.privacy_event(ctx)
+        if self.guarantee.where == "local":
+            if metrics is None:  # no client took part: nothing was released
+                return {"epsilon_spent": self.accountant.epsilon()}
+            zs = metrics.get(RELEASE_PREFIX + "privacy_z")
+            eps = metrics.get(RELEASE_PREFIX + "privacy_epsilon")
+            z = None if zs is None else float(zs.min())
+            e = None if eps is None else float(eps.max())
+        else:
+            z, e = combined_multiplier(host), total_epsilon(host)
+        check(declared, z, e, f"{self.config.algorithm}, round {ctx.t + 1}")
+        self.accountant.step(declared)
         return {"epsilon_spent": self.accountant.epsilon()}
 
     def round(self, t: int, executor: Executor) -> dict[str, float]:
@@ -257,9 +312,23 @@ class _Trainee:
         self.ckpt = checkpoint_path(config, root)
         self.out = result_path(config, root)
         if self.ckpt.exists() and not force:
-            saved = torch.load(self.ckpt, map_location=dev, weights_only=False)
+            self._resume(dev)
+
+    def _resume(self, dev: torch.device) -> None:
+        """Continue from the checkpoint: tensors and plain data only (``weights_only=True``: a file
+        that would run code when unpickled is refused), of this config. A checkpoint that does not
+        load (truncated, another config's, refused) is set aside and the run starts from round 0."""
+        try:
+            saved = torch.load(self.ckpt, map_location=dev, weights_only=True)
+            if saved.get("config_key") != self.config.key():
+                raise ValueError("it belongs to another config")
             self.exp.load_state_dict(saved["state"])
-            self.history, self.first_round = saved["history"], saved["next_round"]
+            self.history, self.first_round = list(saved["history"]), int(saved["next_round"])
+        except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: start again, keep the file
+            self.exp = Experiment(self.config, dev)
+            self.history, self.first_round = [], 0
+            first = (str(e).splitlines() or [""])[0][:120]
+            set_aside(self.ckpt, f"checkpoint not loaded: {type(e).__name__}: {first}")
 
     def after_round(self, t: int, rec: dict, wall_s: float, checkpoint_every: int) -> dict:
         config, exp = self.config, self.exp
@@ -278,8 +347,8 @@ class _Trainee:
         return rec
 
     def checkpoint(self, next_round: int) -> None:
-        atomic_torch_save({"state": self.exp.state_dict(), "history": self.history, "next_round": next_round},
-                          self.ckpt)
+        atomic_torch_save({"state": self.exp.state_dict(), "history": self.history, "next_round": next_round,
+                           "config_key": self.config.key()}, self.ckpt)
 
     def save(self, dev: torch.device, path: str, start: float, root: Path, extra: dict) -> Result:
         exp, config = self.exp, self.config
@@ -288,7 +357,9 @@ class _Trainee:
                 "resumed_from_round": self.first_round,
                 "duration_s": time.time() - start + elapsed_before,
                 "train_samples": int(len(exp.data.y_train)), "test_samples": int(len(exp.data.y_test)),
-                "client_sizes": [len(p) for p in exp.parts], **extra}
+                "client_sizes": [len(p) for p in exp.parts], "diverged": diverged(self.history),
+                "data_sha256": data_mod.dataset_digest(config.dataset),
+                "reproducible": config.randomness != "secret", **extra}
         if exp.guarantee is not None:
             metrics = sorted({k for h in self.history for k in h})
             meta["privacy"] = {**exp.guarantee.to_dict(),
@@ -320,7 +391,7 @@ def run(config: Config, *, engine: str = "auto", device: str | torch.device | No
 def run_many(configs: list[Config], *, engine: str = "auto", device: str | torch.device | None = None,
              force: bool = False, root: Path | None = None, checkpoint_every: int = 5,
              progress: bool = True, cache_roots: list[Path] | None = None,
-             deadline: float | None = None) -> list[Result | None]:
+             deadline: float | None = None, locked: str = "wait") -> list[Result | None]:
     """Run several configs (or load them from the cache), training the missing ones together.
 
     The configs still to train must form one *run batch* (see :func:`batch_key`: the same
@@ -331,33 +402,52 @@ def run_many(configs: list[Config], *, engine: str = "auto", device: str | torch
     results folders where an existing result is loaded from instead of training (``root`` first).
     ``deadline`` (a ``time.time()`` value): past it, the runs still training checkpoint at the end
     of the current round and stop; their entries are None and a later call resumes them.
+    A run that another process is training (its lock, :class:`fedlib.results.ConfigLocks`) is
+    waited for and then loaded (``locked="wait"``), or left to it (``"skip"``: its entry is None).
     """
+    if locked not in ("wait", "skip"):
+        raise ValueError(f"locked must be wait or skip, got {locked!r}")
     for c in configs:
         c.validate()
+    code_commit()  # the commit of the code this process runs, fixed before any training
     dev = pick_device(device)
     path = _validate_engine(engine, dev, checkpoint_every)
     root = Path(root or results_dir())
     results: dict[int, Result] = {}
     todo: list[int] = []
     for i, c in enumerate(configs):
-        found = [p for p in (result_path(c, r) for r in [root, *(cache_roots or [])]) if p.exists()]
-        if found and not force:
-            results[i] = Result.load(found[0])
+        cached = None if force else load_cached(c, [root, *(cache_roots or [])])
+        if cached is not None:
+            results[i] = cached
             _log_run(results[i], cached=True)
         elif c.key() not in {configs[j].key() for j in todo}:
             todo.append(i)
     if todo:
         check_batch([configs[i] for i in todo])
-        trained = _train_batch([configs[i] for i in todo], dev, path, root, force, checkpoint_every, progress,
-                               deadline)
-        results.update(zip(todo, trained, strict=True))
+        locks = ConfigLocks(root)
+        try:
+            mine = []
+            for i in sorted(todo, key=lambda i: configs[i].key()):  # one order: no two waiters deadlock
+                if not locks.acquire(configs[i], block=locked == "wait"):
+                    continue  # another process trains it ("skip"): this call returns None for it
+                done = None if force else load_cached(configs[i], [root])  # it may have just finished
+                if done is not None:
+                    results[i] = done
+                else:
+                    mine.append(i)
+            mine.sort()
+            if mine:
+                trained = _train_batch([configs[i] for i in mine], dev, path, root, force, checkpoint_every,
+                                       progress, deadline)
+                results.update(zip(mine, trained, strict=True))
+        finally:
+            locks.release_all()
     out = []
     for i, c in enumerate(configs):
         if i in results:
             out.append(results[i])
         else:  # a duplicate of a config trained above
-            p = result_path(c, root)
-            out.append(Result.load(p) if p.exists() else None)
+            out.append(load_cached(c, [root]))
     return out
 
 
@@ -425,6 +515,11 @@ def _train_batch(configs: list[Config], dev: torch.device, path: str, root: Path
     runs = [_Trainee(c, dev, root, force) for c in configs]
     if len({r.first_round for r in runs}) > 1:  # checkpoints of unequal age: start all afresh
         runs = [_Trainee(c, dev, root, force=True) for c in configs]
+    # before the first round: every folder a run writes is writable and holds what it will write
+    state_bytes = sum(t.numel() * t.element_size() for r in runs for t in leaves(r.exp.state_dict())
+                      if isinstance(t, torch.Tensor))
+    check_writable([root, root / "models", root / "checkpoints"],
+                   need_bytes=2 * state_bytes + 2**20 * len(runs))
     first, total = runs[0].first_round, configs[0].rounds
     batch = RunBatch([r.exp for r in runs])
     label = configs[0].algorithm + (f" x{len(runs)}" if len(runs) > 1 else "")

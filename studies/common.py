@@ -11,6 +11,7 @@ swaps the CNN for an MLP at ``quick``, DP-FL keeps 1,000 clients), and this modu
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from fedlib.config import Config, ConfigError
-from fedlib.results import REPO_ROOT, Result, results_dir
+from fedlib.results import REPO_ROOT, Result, load_cached, result_path, results_dir
 from fedlib.run import run_many
 
 PROFILES = ("smoke", "quick", "paper")
@@ -54,8 +55,64 @@ def seeds_for(scales: Mapping[str, Scale], profile: str, seeds: int | None = Non
     return list(range(seeds if seeds is not None else scale_of(scales, profile).seeds))
 
 
+# ---- notebook parameters ----------------------------------------------------------------------------
+class ParameterError(ValueError):
+    """A notebook parameter that cannot be used (one line says which and why)."""
+
+
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _count(v, low: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+#: Every notebook parameter's rule: name -> (test, what it must be).
+PARAMETER_RULES = {
+    "profile": (lambda v: v in PROFILES, f"one of {', '.join(PROFILES)}"),
+    "n_seeds": (lambda v: v is None or _count(v, 1), "None or an integer >= 1"),
+    "flower_seeds": (lambda v: v is None or _count(v, 1), "None or an integer >= 1"),
+    "images": (lambda v: v is None or _count(v, 1), "None or an integer >= 1"),
+    "seed": (lambda v: _count(v, 0), "an integer >= 0"),
+    "timed_rounds": (lambda v: _count(v, 1), "an integer >= 1"),
+    "max_rounds": (lambda v: _count(v, 1), "an integer >= 1"),
+    "engine": (lambda v: v in ("auto", "sequential", "parallel", "vectorized"),
+               "auto, sequential, parallel or vectorized"),
+    **{name: (_positive, "a finite number > 0")
+       for name in ("epsilon", "eps0", "eps_round", "clip", "clip_epsilon")},
+    **{name: (lambda v: _positive(v) and v < 1, "a number in (0, 1)")
+       for name in ("delta_round", "total_delta")},
+    **{name: (lambda v: isinstance(v, (list, tuple)) and len(v) > 0 and all(_positive(x) for x in v),
+              "a non-empty list of finite numbers > 0")
+       for name in ("alphas", "epsilons", "record_epsilons", "clips")},
+}
+
+
+def check_parameters(**params) -> None:
+    """Raise :class:`ParameterError` (one line) for the first parameter that breaks its rule
+    (:data:`PARAMETER_RULES`) or that no notebook knows. Each notebook calls it right after its
+    parameters cell, before any work; ``fedlib.tools.notebooks`` calls it before executing one."""
+    for name, value in params.items():
+        if name not in PARAMETER_RULES:
+            raise ParameterError(f"unknown parameter {name!r}; known: {', '.join(sorted(PARAMETER_RULES))}")
+        test, what = PARAMETER_RULES[name]
+        if not test(value):
+            raise ParameterError(f"parameter {name} must be {what}, got {value!r}")
+
+
 # ---- runs over seeds -------------------------------------------------------------------------------
 ConfigSet = dict[Hashable, list[Config]]
+
+
+@dataclass(frozen=True)
+class Needs:
+    """A ledger claim that a page tests (its text as the page records it) and the labels of the
+    page's runs (keys of its :data:`ConfigSet`, every seed of each) that decide it. The campaign
+    (:mod:`fedlib.tools.campaign`) trains the runs that settle the most claims first."""
+
+    claim: str
+    labels: tuple[Hashable, ...]
 
 
 @dataclass
@@ -130,11 +187,48 @@ def read_roots() -> list[Path]:
     return [results_dir()]
 
 
+def with_present_seeds(configs: ConfigSet, roots: list[Path]) -> ConfigSet:
+    """``configs`` with every further seed whose results are present for *every* label (seeds n,
+    n+1, ... while all labels have one), so that a page uses all the seeds someone trained
+    (``campaign run --seeds N``) and its paired comparisons stay paired."""
+    if not configs or any(not cs for cs in configs.values()):
+        return configs
+    out = {label: list(cs) for label, cs in configs.items()}
+    seed = max(c.seed for cs in configs.values() for c in cs) + 1
+    while True:
+        more = {label: cs[-1].replace(seed=seed) for label, cs in out.items()}
+        if not all(any(result_path(c, r).exists() for r in roots) for c in more.values()):
+            return out
+        for label, c in more.items():
+            out[label].append(c)
+        seed += 1
+
+
+def forbid_training() -> bool:
+    """True when the book is built from committed results only at this page's profile
+    (``FEDLIB_FORBID_TRAINING=1``, set by ``fedlib.tools.notebooks`` for pages rendered at ``paper``):
+    a missing result is then an error, never a paper-scale run on the book's machine."""
+    return os.environ.get("FEDLIB_FORBID_TRAINING") == "1"
+
+
+class MissingResults(RuntimeError):
+    """A page rendered from committed results only needs a result that is not there."""
+
+
 def run_all(configs: ConfigSet, progress: bool = False, engine: str = "auto") -> Runs:
     """Run (or load) every config; the seeds of one label go to the engine as one run batch.
-    Committed results are reused; new ones go to :func:`write_root`."""
+    Committed results are reused (with every further seed present for all labels); new ones go to
+    :func:`write_root`."""
     root = write_root()
     cache = [r for r in read_roots() if r != root]
+    configs = with_present_seeds(configs, [root, *cache])
+    if forbid_training():
+        missing = [c for cs in configs.values() for c in cs if load_cached(c, [root, *cache]) is None]
+        if missing:
+            raise MissingResults(
+                f"{len(missing)} result(s) missing at profile {missing[0].profile!r} (first: "
+                f"{missing[0].algorithm}-{missing[0].key()}); this page is built from committed results "
+                "only: train them with python -m fedlib.tools.campaign run, or build at another profile")
     return Runs(
         {
             label: run_many(cs, progress=progress, root=root, cache_roots=cache, engine=engine)

@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from fedlib.results import REPO_ROOT, Result, result_path
+from fedlib.results import REPO_ROOT, Result, load_cached
 from studies.common import ConfigSet, Runs, read_roots, write_root
 from studies.moon_dpap import pages
 
@@ -38,10 +38,9 @@ def run_flower_all(cs: ConfigSet, seeds: int | None = None, progress: bool = Fal
     found: dict[str, Result] = {}
     missing = []
     for c in (c for group in cs.values() for c in group):
-        paths = [result_path(c, root / FLOWER_DIR) for root in read_roots()]
-        hit = next((p for p in paths if p.exists()), None)
+        hit = load_cached(c, [root / FLOWER_DIR for root in read_roots()])
         if hit is not None:
-            found[c.key()] = Result.load(hit)
+            found[c.key()] = hit
         else:
             missing.append(c)
     if missing:

@@ -112,6 +112,27 @@ def collect(root: Path | None = None) -> pd.DataFrame:
     return df
 
 
+#: Order of the profiles in the ledger: evidence at the papers' scale first.
+PROFILE_ORDER = ("paper", "quick", "smoke")
+
+
+def paper_scale_first(df: pd.DataFrame, papers: list[str] | None = None) -> pd.DataFrame:
+    """The findings with the ``paper`` profile's rows first, then ``quick``, then ``smoke``; within a
+    profile in the papers' order (``papers``), each page's claims in their recorded order."""
+    papers = papers or list(dict.fromkeys(df["paper"]))
+    rank = {p: i for i, p in enumerate(PROFILE_ORDER)}
+    key = df.assign(_profile=df["profile"].map(lambda p: rank.get(p, len(rank))),
+                    _paper=df["paper"].map(lambda p: papers.index(p) if p in papers else len(papers)),
+                    _row=range(len(df)))
+    return key.sort_values(["_profile", "_paper", "_row"]).drop(columns=["_profile", "_paper", "_row"])
+
+
+def counts_by_profile(df: pd.DataFrame) -> pd.DataFrame:
+    """Findings per paper and profile (how much of the ledger stands at the papers' scale)."""
+    out = pd.crosstab(df["paper"], df["profile"])
+    return out[[p for p in PROFILE_ORDER if p in out.columns]]
+
+
 def counts(df: pd.DataFrame) -> pd.DataFrame:
     """Findings per paper and class; ``evidence`` counts only reproduced / partly / not reproduced."""
     out = pd.crosstab(df["paper"], df["verdict"].map(lambda v: v.value))

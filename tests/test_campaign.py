@@ -21,7 +21,9 @@ PAGES = {"page_a": [TINY, TINY.replace(seed=1)], "page_b": [TINY.replace(algorit
 
 @pytest.fixture
 def pages(monkeypatch):
-    monkeypatch.setattr(campaign, "needed", lambda profile: PAGES)
+    monkeypatch.setattr(campaign, "needed", lambda profile, pages=None, n_seeds=None: PAGES)
+    monkeypatch.setattr(campaign, "claims_for", lambda profile, n_seeds=None: [
+        ("P", "page_b", "SCAFFOLD vs FedAvg", PAGES["page_b"])])
     return PAGES
 
 
@@ -61,6 +63,62 @@ def test_a_deadline_mid_run_checkpoints_and_resumes(tmp_path):
 def test_groups_put_one_shape_together(pages):
     gs = campaign.groups(campaign.missing(pages), per_sample=1e-6)
     assert sorted(len(g) for g in gs) == [1, 2]  # scaffold alone; the two fedavg seeds together
+
+
+def test_order_settles_the_most_claims_per_minute_first():
+    a, b, c, d = (TINY.replace(seed=s) for s in range(4))
+    cost = {a.key(): 1.0, b.key(): 10.0, c.key(): 10.0, d.key(): 5.0}.__getitem__
+    claims = [("cheap", [a]), ("dear", [b, c]), ("one of dear", [b]), ("shared", [a, b])]
+    steps = campaign.order([a, b, c, d], claims, lambda x: cost(x.key()))
+    assert steps[0] == (["cheap"], [a])  # 1 claim per unit of cost
+    assert steps[1][0] == ["one of dear", "shared"] and steps[1][1] == [b]  # 2 claims for 10
+    assert steps[2] == (["dear"], [c])
+    assert steps[3] == ([], [d])  # no claim needs it: last
+    assert sorted(x.key() for _, cs in steps for x in cs) == sorted(x.key() for x in (a, b, c, d))
+
+
+def test_claim_plan_lists_each_claim_with_its_step(pages, tmp_path):
+    rows = campaign.claim_plan("smoke", root=tmp_path, kind="cpu")
+    claim = next(r for r in rows if r["claim"] == "SCAFFOLD vs FedAvg")
+    assert claim["step"] == 1 and claim["missing"] == 2
+    assert rows[-1]["page"].startswith("(no claim")  # page_a's second seed decides nothing
+
+
+def test_pages_are_selected_by_pattern_and_a_typo_is_an_error():
+    per_page = {"dpfl_claim1": [TINY], "fdl_fig3": [TINY]}
+    assert list(campaign.select_pages(per_page, ["dpfl_*"])) == ["dpfl_claim1"]
+    with pytest.raises(campaign.ConfigError, match="matches no page"):
+        campaign.select_pages(per_page, ["dplf_*"])
+
+
+def test_every_declared_claim_is_recorded_by_its_page():
+    """The claims the campaign orders by (studies' CLAIMS) are the claims the pages record: the
+    committed verdicts of every page that trains name exactly these, besides the ones no run decides
+    (sanity checks and claims the paper makes untestable)."""
+    from fedlib.results import REPO_ROOT
+    from studies import claim_runs
+
+    declared: dict[str, set[str]] = {}
+    for _, page, needs, configs in claim_runs("quick"):
+        declared.setdefault(page, set()).add(needs.claim)
+        assert configs, (page, needs.claim)
+    for page, claims in declared.items():
+        d = json.loads((REPO_ROOT / "data" / "verdicts" / f"{page}.json").read_text())
+        recorded = {f["claim"]: f["verdict"] for f in d["findings"]}
+        assert claims <= set(recorded), (page, claims - set(recorded))
+        rest = {c: v for c, v in recorded.items() if c not in claims}
+        assert all(v in ("sanity check", "not testable") for v in rest.values()), (page, rest)
+
+
+def test_the_campaign_computes_what_pages_need_from_the_models(pages, tmp_path, monkeypatch):
+    """Model files stay on the machine that trained: a page's after-training step (the membership
+    audit's losses) runs right after each of its runs is trained."""
+    seen = []
+    monkeypatch.setattr(campaign, "after_training_hooks",
+                        lambda: {"page_b": lambda r, root: seen.append((r.config.key(), root))})
+    campaign.run("smoke", budget_min=30, root=tmp_path, progress=False)
+    assert sorted(k for k, _ in seen) == sorted(c.key() for c in PAGES["page_b"])
+    assert all(root == tmp_path for _, root in seen)
 
 
 def test_pack_and_unpack_check_every_file(tmp_path):
@@ -106,3 +164,132 @@ def test_the_short_command_plans_and_reports_the_distinct_missing(tmp_path):
                          capture_output=True, text=True, env=env, check=True).stdout
     total = int(out.strip().splitlines()[-1].rsplit(":", 1)[1])
     assert total == len(campaign.missing(campaign.needed("smoke"), tmp_path)) > 0
+
+
+def _archive(path, members: dict[str, bytes]):
+    import io
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def one_result(tmp_path_factory):
+    from fedlib.run import run
+
+    root = tmp_path_factory.mktemp("one")
+    r = run(TINY, root=root, progress=False)
+    return r.path.name, json.loads(r.path.read_text())
+
+
+def _rehashed(d: dict) -> bytes:
+    """A forger recomputes the content hash: the checks must not rest on it alone."""
+    from fedlib.results import content_hash
+
+    d["meta"]["content_sha256"] = content_hash(d)
+    return json.dumps(d).encode()
+
+
+def _forged(d: dict, **config) -> tuple[str, bytes]:
+    """A result whose config was edited, with its key (and hash) recomputed so that its name matches."""
+    d = json.loads(json.dumps(d))
+    d["config"].update(config)
+    c = Config(**d["config"])
+    d["meta"]["config_key"] = c.key()
+    return f"{c.algorithm}-{c.key()}.json", _rehashed(d)
+
+
+REASONS = {"accuracy 7": "outside [0, 1]", "negative loss": "is negative", "invalid config": "invalid config",
+           "unknown field": "unknown config field", "a list": "not a result", "not json": "not JSON",
+           "nan loss": "not marked diverged", "duplicate": "comes twice", "round missing": "out of order",
+           "conflict": "other content", "stray audit": "no result", "edited": "content hash"}
+
+
+@pytest.mark.parametrize("case", sorted(REASONS))
+def test_unpack_refuses_bad_input_with_one_line_and_adds_nothing(case, one_result, tmp_path, capsys):
+    name, good = one_result
+    members: dict[str, bytes] = {}
+    archives = [tmp_path / "a.tgz"]
+    root = tmp_path / "results"
+    if case == "accuracy 7":
+        d = json.loads(json.dumps(good))
+        d["history"][-1]["test_acc"] = 7.0
+        members[name] = _rehashed(d)
+    elif case == "negative loss":
+        d = json.loads(json.dumps(good))
+        d["history"][0]["train_loss"] = -1.0
+        members[name] = _rehashed(d)
+    elif case == "invalid config":
+        members.update([_forged(good, clients=-5)])
+    elif case == "unknown field":
+        d = json.loads(json.dumps(good))
+        d["config"]["warp_speed"] = 9
+        members[name] = _rehashed(d)
+    elif case == "a list":
+        members[name] = b"[1, 2, 3]"
+    elif case == "not json":
+        members[name] = b"\x00garbage"
+    elif case == "nan loss":
+        d = json.loads(json.dumps(good))
+        d["history"][-1]["test_loss"] = float("nan")  # not marked diverged
+        members[name] = _rehashed(d)
+    elif case == "duplicate":
+        d = json.loads(json.dumps(good))
+        d["history"][-1]["test_acc"] = 0.99
+        members[name] = json.dumps(good).encode()
+        _archive(tmp_path / "b.tgz", {name: json.dumps(d).encode()})
+        archives.append(tmp_path / "b.tgz")
+    elif case == "round missing":
+        d = json.loads(json.dumps(good))
+        d["history"][0]["round"] = 5
+        members[name] = _rehashed(d)
+    elif case == "conflict":
+        d = json.loads(json.dumps(good))
+        d["history"][-1]["test_acc"] = 0.99
+        root.mkdir()
+        (root / name).write_text(json.dumps(good))
+        members[name] = _rehashed(d)
+    elif case == "edited":
+        d = json.loads(json.dumps(good))
+        d["history"][-1]["test_acc"] = 0.1234  # by hand, without the hash
+        members[name] = json.dumps(d).encode()
+    elif case == "stray audit":
+        members[name] = json.dumps(good).encode()
+        members["audits/fedavg-0000000000000000.json"] = b'{"members": [0.1], "nonmembers": [0.2]}'
+    _archive(archives[0], members)
+    before = sorted(root.rglob("*")) if root.exists() else []
+    assert campaign.main(["unpack", *map(str, archives)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "nothing was added" in err and len(err.splitlines()) == 1, err
+    assert REASONS[case] in err, err
+    assert (sorted(root.rglob("*")) if root.exists() else []) == before
+
+
+@pytest.mark.parametrize("case", ["missing", "not gzip", "traversal"])
+def test_unpack_refuses_bad_archives_with_one_line(case, tmp_path, capsys):
+    a = tmp_path / "x.tgz"
+    if case == "not gzip":
+        a.write_bytes(b"plain text, not an archive")
+    elif case == "traversal":
+        _archive(a, {"../evil.json": b"{}"})
+    assert campaign.main(["unpack", str(a)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+
+
+def test_unpack_accepts_a_result_with_its_audit_and_a_diverged_run(one_result, tmp_path):
+    name, good = one_result
+    d = json.loads(json.dumps(good))
+    d["history"][-1]["test_loss"] = float("nan")
+    d["meta"]["diverged"] = True
+    audit = {"members": [0.1, 0.2], "nonmembers": [0.3]}
+    archive = _archive(tmp_path / "a.tgz", {name: _rehashed(d),
+                                            f"audits/{name}": json.dumps(audit).encode()})
+    report = campaign.unpack([archive], root=tmp_path / "r")
+    assert sorted(report["added"]) == sorted([name, f"audits/{name}"])
+    assert json.loads((tmp_path / "r" / "audits" / name).read_text()) == audit
+    assert campaign.unpack([archive], root=tmp_path / "r")["already present"]

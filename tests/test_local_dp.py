@@ -127,8 +127,10 @@ def test_signds_subsets_are_uniform_inside_and_outside_the_top_k_set():
 
 
 def test_discrete_laplace_values_on_the_grid_with_the_stated_scale():
-    values = torch.full((400, 100), 0.25)
-    mask = torch.rand(400, 100, generator=generator_for(12)) < 0.5
+    """One released value per row (client): L1 sensitivity 2, the range of a value in [-1, 1]."""
+    values = torch.full((40_000, 2), 0.25)
+    mask = torch.zeros(40_000, 2, dtype=torch.bool)
+    mask[torch.arange(40_000), (torch.rand(40_000, generator=generator_for(12)) < 0.5).long()] = True
     out, eps = local.discrete_laplace_values(values, mask, l1_sensitivity=2.0, epsilon=0.5, rng=rng_for(13))
     assert (out[~mask] == 0).all()
     step = 2.0**-30
@@ -136,6 +138,8 @@ def test_discrete_laplace_values_on_the_grid_with_the_stated_scale():
     assert np.all(np.round(noise / step) == noise / step)  # every output is a grid point
     assert 0.5 * (1 - 1e-8) < eps <= 0.5  # the scale is rounded up to whole steps
     assert np.mean(np.abs(noise)) == pytest.approx(2.0 / 0.5, rel=0.03)  # E|X| = scale = 4
+    with pytest.raises(ValueError, match="below what the released entries can change"):
+        local.discrete_laplace_values(values, torch.ones(40_000, 2, dtype=torch.bool), 2.0, 0.5, rng_for(13))
 
 
 def test_epsilon_functions_equal_hand_computation():

@@ -72,7 +72,7 @@ def test_migration_keeps_unaffected_results_and_renames_old_fields(tmp_path, mon
     with pytest.raises(AssertionError, match="without training"):
         run(private, root=tmp_path, progress=False)
     assert len(migrate(tmp_path)["current"]) == 2  # a second pass changes nothing
-    assert RESULTS_VERSION == 4
+    assert RESULTS_VERSION == 5
 
 
 def _v3_result(root, config: Config, **meta) -> None:
@@ -118,3 +118,19 @@ def test_noise_key_does_not_follow_results_version(monkeypatch):
     assert Config.key.__defaults__ is not None
     assert c.key(version=99) != key and c.noise_key() == noise
     assert c.noise_key() != c.replace(seed=1).noise_key()
+
+
+def test_version_5_recomputes_private_runs_that_diverged(tmp_path):
+    base = Config(clients=4, train_samples=600, test_samples=300, rounds=1, min_client_samples=20)
+    private = base.replace(algorithm="moon_dpap", dp="central")
+    for c in (base, private, private.replace(seed=1)):
+        _old_result(tmp_path, c.to_dict(), 4)
+    for c in (base, private):  # both diverge; only the private one may have changed
+        path = tmp_path / f"{c.algorithm}-{key_under(c.to_dict(), 4)}.json"
+        d = json.loads(path.read_text())
+        d["history"][0]["test_loss"] = float("nan")
+        path.write_text(json.dumps(d))
+    report = migrate(tmp_path)
+    assert len(report["kept"]) == 2 and len(report["removed"]) == 1
+    assert not result_path(private, tmp_path).exists()
+    assert result_path(base, tmp_path).exists() and result_path(private.replace(seed=1), tmp_path).exists()

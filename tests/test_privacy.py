@@ -41,6 +41,73 @@ def test_clipped_norm_never_exceeds_c(a, b, clip):
             torch.testing.assert_close(out[k], tree[k] * scale, rtol=1e-4, atol=1e-6)
 
 
+any_floats = st.floats(allow_nan=True, allow_infinity=True, width=32)
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.lists(any_floats, min_size=1, max_size=20), b=st.lists(floats, min_size=1, max_size=20),
+       clip=st.floats(min_value=1e-3, max_value=1e3))
+def test_clip_bounds_any_input_nan_and_infinity_included(a, b, clip):
+    """Whatever a client sends (NaN, +-inf, huge values), what leaves the clip is finite and within
+    C; a non-finite update leaves as zeros."""
+    tree = {"a": torch.tensor(a), "b": torch.tensor(b)}
+    out, norm = clip_by_l2(tree, clip)
+    assert all(torch.isfinite(v).all() for v in out.values()) and torch.isfinite(norm)
+    assert flat_norm(out).item() <= clip * (1 + 1e-5)
+    if not all(torch.isfinite(v).all() for v in tree.values()):
+        assert all((v == 0).all() for v in out.values()) and norm.item() == 0.0
+
+
+def test_a_nan_client_cannot_break_the_released_sum():
+    """DP-FedAvg's client clips (a NaN update becomes zeros) and the server's noisy sum stays
+    bounded: the release with a NaN client equals the release with a zero update."""
+    from fedlib import Config
+    from fedlib.algorithms.base import RoundContext
+    from fedlib.algorithms.dp_fedavg import DpFedAvg
+
+    cfg = Config(algorithm="dp_fedavg", clients=2, client_fraction=1.0, dp_clip=1.0, dp_noise_multiplier=1.0)
+    algo = DpFedAvg(cfg, torch.nn.Linear(3, 1))
+    g = {"w": torch.zeros(4)}
+    state = algo.init_server_state(g)
+    ctx = RoundContext(0, g, algo.hyper(0), algo.broadcast(state))
+    out = []
+    for bad in (torch.tensor([float("nan"), 1.0, float("inf"), -1e30]), torch.zeros(4)):
+        sstate = {"params": {"w": bad}, "steps": torch.tensor(1.0), "loss_sum": torch.tensor(0.0)}
+        up, _, m = algo.client_final(sstate, {}, ctx)
+        other = {"delta": {"w": torch.full((4,), 0.1)}, "unclipped": torch.tensor(1.0)}
+        stacked = {"delta": {"w": torch.stack([up["delta"]["w"], other["delta"]["w"]])},
+                   "unclipped": torch.stack([up["unclipped"], other["unclipped"]])}
+        new, _ = algo.server_update(g, state, stacked, torch.ones(2), ctx)
+        out.append(new["w"])
+    assert torch.isfinite(out[0]).all() and torch.equal(out[0], out[1])
+
+
+def test_local_randomisers_treat_a_nan_update_as_zero():
+    """LDP-FL's two-point output and corrected FDL's pairs stay inside their ranges for a NaN
+    update, drawn as for an all-zero one (same client, round and key)."""
+    from fedlib import Config
+    from fedlib.algorithms import ALGORITHMS
+    from fedlib.algorithms.base import RoundContext
+
+    for algorithm, kw in (("ldp_fl", {}), ("fdl", {"fdl_mode": "corrected", "fdl_k": 5})):
+        cfg = Config(algorithm=algorithm, model="mlp", clients=2, **kw)
+        algo = ALGORITHMS[algorithm](cfg, torch.nn.Linear(20, 1, bias=False))
+        ctx = RoundContext(0, {"weight": torch.zeros(1, 20)}, algo.hyper(0), {})
+        nan = torch.full((1, 20), float("nan"))
+        a, _ = algo.release({"delta": {"weight": nan}}, 1, ctx)
+        b, _ = algo.release({"delta": {"weight": torch.zeros(1, 20)}}, 1, ctx)
+        assert all(torch.equal(a[k], b[k]) for k in a) and torch.isfinite(a["values"]).all()
+
+
+def test_dpsgd_zeroes_a_non_finite_per_sample_gradient():
+    from fedlib.privacy.dpsgd import clip_per_sample
+
+    grads = {"w": torch.tensor([[float("nan"), 1.0], [3.0, 4.0]])}
+    summed, norms = clip_per_sample(grads, 1.0, torch.ones(2))
+    torch.testing.assert_close(summed["w"], torch.tensor([0.6, 0.8]))
+    assert norms.tolist() == [0.0, 5.0]
+
+
 def test_clip_rejects_nonpositive():
     with pytest.raises(ValueError):
         clip_by_l2({"a": torch.ones(3)}, 0.0)

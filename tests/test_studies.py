@@ -124,3 +124,57 @@ def test_paired_round_times_align_the_variants_round_by_round():
     assert set(times) == {"fedavg", "dp"}
     assert len(times["fedavg"]) == len(times["dp"]) >= 1
     assert all(np.all(v > 0) for v in times.values())
+
+
+def test_paper_profile_has_three_seeds_for_the_gpu_studies_and_keeps_dp_fl_s():
+    assert seeds_for(fdl.SCALES, "paper") == [0, 1, 2] and "10 runs" in fdl.SCALES["paper"].description
+    assert seeds_for(moon_dpap.SCALES, "paper") == [0, 1, 2] and len(seeds_for(dpfl.SCALES, "paper")) == 5
+    per_page = studies.configs("paper", n_seeds=4)  # --seeds N
+    assert {c.seed for cs in per_page.values() for c in cs} == {0, 1, 2, 3}
+
+
+def test_pages_use_every_further_seed_present_for_all_labels(tmp_path):
+    from fedlib import Config
+    from fedlib.results import result_path
+    from studies.common import with_present_seeds
+
+    a, b = Config(seed=0), Config(seed=0, lr=0.02)
+    cs = {"a": [a], "b": [b]}
+    for c in (a.replace(seed=1), b.replace(seed=1), a.replace(seed=2)):  # seed 2 only for "a"
+        result_path(c, tmp_path).parent.mkdir(parents=True, exist_ok=True)
+        result_path(c, tmp_path).write_text("{}")
+    out = with_present_seeds(cs, [tmp_path])
+    assert [c.seed for c in out["a"]] == [0, 1] and [c.seed for c in out["b"]] == [0, 1]  # still paired
+
+
+def test_a_page_built_from_committed_results_only_never_trains(tmp_path, monkeypatch):
+    from fedlib import Config
+    from studies.common import MissingResults, run_all
+
+    monkeypatch.setenv("FEDLIB_FORBID_TRAINING", "1")
+    with pytest.raises(MissingResults, match="committed results only"):
+        run_all({"x": [Config(profile="paper", rounds=1, clients=2, train_samples=100, test_samples=50)]})
+    assert not list(tmp_path.rglob("*.json"))
+
+
+def test_auto_profile_renders_each_page_at_the_largest_complete_profile(tmp_path, monkeypatch):
+    from fedlib.tools import notebooks as nbtool
+
+    assert nbtool.paper_complete_pages(tmp_path) == set()  # nothing trained at paper there
+    dpfl_done = {p for p in studies.pages() if p.startswith("dpfl_")}
+    monkeypatch.setattr(nbtool, "paper_complete_pages", lambda root=None: dpfl_done | {"fdl_fig3"})
+    got = nbtool.auto_profiles(["dpfl_claim1", "dpfl_claim4", "fdl_fig3", "fdl_privacy", "moon_dpap_fig1",
+                                "ledger"])
+    assert got == {"dpfl_claim1": "paper", "dpfl_claim4": "paper", "fdl_fig3": "paper",
+                   "fdl_privacy": "quick", "moon_dpap_fig1": "quick", "ledger": "quick"}
+
+
+def test_ledger_puts_paper_scale_rows_first_and_counts_by_profile():
+    from studies import ledger
+
+    df = pd.DataFrame({"paper": ["MOON-DPAP", "DP-FL analysis", "FDL", "DP-FL analysis"],
+                       "profile": ["quick", "paper", "quick", "paper"], "claim": ["a", "b", "c", "d"]})
+    out = ledger.paper_scale_first(df, ["MOON-DPAP", "FDL", "DP-FL analysis"])
+    assert list(out["claim"]) == ["b", "d", "a", "c"]
+    counts = ledger.counts_by_profile(df)
+    assert list(counts.columns) == ["paper", "quick"] and counts.loc["DP-FL analysis", "paper"] == 2

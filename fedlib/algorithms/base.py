@@ -20,6 +20,7 @@ real samples and clients of unequal size are exact.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -259,8 +260,17 @@ class Algorithm:
         """The integers that key a privacy-noise stream: the whole configuration
         (:meth:`~fedlib.config.Config.noise_key`, which includes the seed), the stream, the round
         and the client. Two runs that differ in any setting (a budget, a clip norm) draw
-        independent noise; one config reproduces exactly, across results-version bumps too."""
-        parts = (int(self.config.noise_key(), 16), int(stream), t)
+        independent noise; one config reproduces exactly, across results-version bumps too.
+
+        With ``randomness="secret"`` (a deployment) the first integer is 128 fresh bits of OS
+        entropy at every call instead: the draws cannot be regenerated from anything written, and a
+        run does not reproduce. (The generators it seeds, PCG64 and Mersenne Twister, are
+        statistical, not cryptographic: an adversary who could observe raw noise values would need a
+        cryptographic generator too; here only noised sums and messages leave a mechanism.)"""
+        if self.config.randomness == "secret":
+            parts = (secrets.randbits(128), int(stream), t)
+        else:
+            parts = (int(self.config.noise_key(), 16), int(stream), t)
         return parts if client is None else (*parts, client)
 
     def personal_models(self, client_states: Tree) -> Tree | None:

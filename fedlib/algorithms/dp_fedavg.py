@@ -47,7 +47,7 @@ def count_std(config: Config) -> float:
 class DpFedAvg(Algorithm):
     name = "dp_fedavg"
     fields = ("dp_noise_multiplier", "adaptive_clip", "clip_quantile", "clip_lr", "clip_count_std", "dp_clip",
-              "dp_delta", "secure_noise")
+              "dp_delta", "secure_noise", "randomness")
 
     @classmethod
     def check(cls, config: Config) -> list[str]:

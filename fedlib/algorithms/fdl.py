@@ -31,6 +31,7 @@ from fedlib.privacy.discrete import rng_for
 from fedlib.privacy.local import (
     discrete_laplace_values,
     exponential_mechanism_log_weights,
+    exponential_top_k,
     fdl_corrected_epsilon,
     fdl_published_epsilon,
     gumbel_top_k,
@@ -38,6 +39,7 @@ from fedlib.privacy.local import (
     mask_of,
 )
 from fedlib.privacy.noise import generator_for
+from fedlib.privacy.record import Release, note
 from fedlib.streams import Stream
 
 
@@ -46,7 +48,7 @@ class Fdl(SparseUpload):
     stream = Stream.FDL
     fields = ("fdl_mode", "fdl_epsilon_per_draw", "fdl_epsilon_per_round", "ldp_clip", "fdl_r", "fdl_th",
               "fdl_k",
-              "fdl_selection_share", "secure_noise")
+              "fdl_selection_share", "secure_noise", "randomness")
 
     @classmethod
     def check(cls, config) -> list[str]:
@@ -89,6 +91,7 @@ class Fdl(SparseUpload):
         idx = gumbel_top_k(logw, int(th.max()), g)
         mask = mask_of(idx, v.shape[1], th)
         values = laplace_values(v, mask, 2.0 / c.fdl_epsilon_per_draw, g)
+        note(Release("fdl_as_published", epsilon=math.inf))  # data-dependent filter: no finite bound
         th_mean = float(th.double().mean())
         claims = fdl_published_epsilon(c.fdl_epsilon_per_draw, round(th_mean))
         stats = {"kept_frac": float(n_kept.double().mean()) / self.dims, "th_mean": th_mean,
@@ -102,8 +105,7 @@ class Fdl(SparseUpload):
         eps_sel, eps_val = self.split()
         v = flat.clamp(-c.ldp_clip, c.ldp_clip) / c.ldp_clip
         u = (v.abs() / c.fdl_r).clamp(max=1.0) if c.fdl_r > 0 else v.abs()
-        idx = gumbel_top_k(exponential_mechanism_log_weights(u, self.selection_epsilon_per_draw(k)), k,
-                           generator_for(*seed))
+        idx = exponential_top_k(u, self.selection_epsilon_per_draw(k), k, generator_for(*seed))
         mask = mask_of(idx, v.shape[1])
         values, _ = discrete_laplace_values(v, mask, self.values_l1_sensitivity(k), eps_val, rng_for(*seed))
         return {"mask": mask, "values": values,

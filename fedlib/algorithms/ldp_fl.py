@@ -22,7 +22,7 @@ class LdpFl(SparseUpload):
     name = "ldp_fl"
     stream = Stream.LDP_FL
     mechanism = "two-point mechanism on every coordinate"
-    fields = ("ldp_fl_epsilon_per_coordinate", "ldp_clip")
+    fields = ("ldp_fl_epsilon_per_coordinate", "ldp_clip", "randomness")
 
     @classmethod
     def check(cls, config) -> list[str]:

@@ -117,7 +117,7 @@ class MoonDpap(Moon):
     fields = (*Moon.fields, "cosine_lr", "lr_min", "tau_min", "mu_max", "schedule_ramp", "prune",
               "prune_t_min",
               "prune_t_max", "dp", "dp_epsilon_per_round", "dp_epsilon_total", "dp_schedule", "dp_eps_floor",
-              "dp_clip", "dp_delta", "secure_noise")
+              "dp_clip", "dp_delta", "secure_noise", "randomness")
 
     @classmethod
     def check(cls, config: Config) -> list[str]:
@@ -177,7 +177,8 @@ class MoonDpap(Moon):
             return None
         first = next(iter(like.values()))
         return StepNoise(self.noise_seed(Stream.RECORD_NOISE, t), self.record["sigma"] * self.config.dp_clip,
-                         tuple((k, tuple(v.shape)) for k, v in like.items()), first.dtype, first.device)
+                         tuple((k, tuple(v.shape)) for k, v in like.items()), first.dtype, first.device,
+                         sensitivity=self.config.dp_clip)
 
     def loss_and_grad(self, params, batch, sstate, cstate, ctx):
         if self.config.dp != "record":

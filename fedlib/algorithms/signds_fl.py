@@ -25,7 +25,8 @@ class SignDsFl(SparseUpload):
     name = "signds_fl"
     stream = Stream.SIGNDS_FL
     mechanism = "exponential choice of how many reported dimensions come from the top-k set"
-    fields = ("signds_epsilon_per_round", "signds_k", "signds_h", "signds_threshold", "signds_lr")
+    fields = ("signds_epsilon_per_round", "signds_k", "signds_h", "signds_threshold", "signds_lr",
+              "randomness")
 
     @classmethod
     def check(cls, config) -> list[str]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from fedlib.algorithms.base import Algorithm, Params, RoundContext
+from fedlib.privacy.clipping import zero_if_not_finite
 from fedlib.privacy.guarantee import Guarantee, PureEvent, Relation
 from fedlib.tree import Tree, unflatten_like
 
@@ -42,7 +43,8 @@ class SparseUpload(Algorithm):
     def release(self, upload: Tree, client: int, ctx: RoundContext) -> tuple[Tree, dict[str, float]]:
         """The client's mechanism on its own flattened update, with its own generators (keyed on
         the config, the round and the client id)."""
-        flat = torch.cat([v.reshape(1, -1) for v in upload["delta"].values()], dim=1).float()
+        delta, _ = zero_if_not_finite(upload["delta"])  # a NaN would fix the mechanism's output
+        flat = torch.cat([v.reshape(1, -1) for v in delta.values()], dim=1).float()
         out, stats = self.encode(flat, self.noise_seed(self.stream, ctx.t, client))
         out = {k: v[0] for k, v in out.items()}
         return out, {"sent_frac": float(out["mask"].sum()) / self.dims, **stats}

@@ -1,6 +1,8 @@
-"""``python -m fedlib.flower run --algorithm fedavg --clients 20 ... [--json]``: one configuration
-through Flower's simulation engine (every :class:`~fedlib.config.Config` field is an option, as in
-``python -m fedlib run``); the result goes to ``data/results/flower/``."""
+"""``python -m fedlib.flower run|deploy --algorithm fedavg --clients 20 ... [--json]``: one configuration
+through Flower, in its simulation engine (``run``) or on its Deployment Runtime with a SuperLink and
+``--nodes`` SuperNodes on this machine (``deploy``, :mod:`fedlib.flower.deploy`). Every
+:class:`~fedlib.config.Config` field is an option, as in ``python -m fedlib run``; the result goes to
+``data/results/flower/``."""
 
 from __future__ import annotations
 
@@ -8,8 +10,9 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
-from fedlib.__main__ import _add_config_options
+from fedlib.__main__ import _add_config_options, finite_json
 from fedlib.config import Config, ConfigError
 
 
@@ -24,6 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--json", action="store_true", help="print the final metrics as one JSON line")
     r.add_argument("--verbose", action="store_true", help="Flower's and Ray's logs")
     r.add_argument("--no-progress", action="store_true")
+    d = sub.add_parser("deploy", help="train one configuration on a local SuperLink and SuperNodes")
+    _add_config_options(d)
+    d.add_argument("--nodes", type=int, default=3, help="SuperNodes (clients are dealt out over them)")
+    d.add_argument("--timeout", type=float, default=3600.0, help="seconds the run may take")
+    d.add_argument("--keep", type=Path, default=None, help="keep the deployment's folder (logs) here")
+    d.add_argument("--json", action="store_true", help="print the final metrics as one JSON line")
+    d.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
 
     fields = {f.name for f in dataclasses.fields(Config)}
@@ -35,19 +45,28 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from fedlib.flower.simulation import run_flower
-    result = run_flower(config, force=args.force, cpus=args.cpus, client_cpus=args.client_cpus,
-                        progress=not args.no_progress, verbose=args.verbose)
+    if args.command == "deploy":
+        from fedlib.flower.deploy import deploy
+        try:
+            result = deploy([config], nodes=args.nodes, timeout_s=args.timeout, progress=not args.no_progress,
+                            keep=args.keep)[0]
+        except (ValueError, RuntimeError, TimeoutError) as e:
+            print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+            return 1
+    else:
+        from fedlib.flower.simulation import run_flower
+        result = run_flower(config, force=args.force, cpus=args.cpus, client_cpus=args.client_cpus,
+                            progress=not args.no_progress, verbose=args.verbose)
     final = result.final
     print(f"final round {final['round']}: test accuracy {final['test_acc']:.4f} ({result.path})",
           file=sys.stderr)
     if args.json:
         flower = result.meta["flower"]
-        print(json.dumps({"test_acc": final["test_acc"], "test_loss": final["test_loss"],
-                          "round": final["round"], "result_path": str(result.path),
-                          "config_key": config.key(),
-                          "engine": result.meta["engine"], "startup_s": flower.get("startup_s"),
-                          "peak_rss_mb": flower.get("peak_rss_mb")}))
+        print(json.dumps(finite_json({
+            "test_acc": final["test_acc"], "test_loss": final["test_loss"], "round": final["round"],
+            "result_path": str(result.path), "config_key": config.key(), "engine": result.meta["engine"],
+            "mode": flower.get("mode"), "startup_s": flower.get("startup_s"),
+            "peak_rss_mb": flower.get("peak_rss_mb")}), allow_nan=False))
     return 0
 
 

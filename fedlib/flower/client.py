@@ -1,17 +1,29 @@
-"""The Flower ``ClientApp``: one fedlib client per SuperNode.
+"""The Flower ``ClientApp``: a SuperNode that plays one or more fedlib clients.
 
-A ``train`` message carries the fedlib config (JSON), the round, the global model and what the
-algorithm broadcasts; the client runs the algorithm's own client functions on its partition
-(:func:`fedlib.engine.run_sequential` for one client), which ends with the algorithm's
-client-side randomiser (local DP) keyed on its own client id, keeps its state across rounds in
+A ``train`` message carries the fedlib config (JSON), the round, the client to play, the global
+model and what the algorithm broadcasts; the node runs that client's own functions on the client's
+data (:func:`fedlib.engine.run_sequential` for one client), which ends with the algorithm's
+client-side randomiser (local DP) keyed on the client's id, keeps the client's state across rounds in
 ``context.state`` and replies with the upload and its training metrics. A ``query`` message asks
-which fedlib client the node is (its ``partition-id``).
+which fedlib clients the node plays.
+
+Where a node's data come from:
+
+* **deployment** (Flower's Deployment Runtime, :mod:`fedlib.flower.deploy`): the node config gives
+  a folder (``data-dir``) and the node's number (``node-id``); the run config names the file of the
+  run's data there (``fedlib-node-data``, e.g. ``node{node}-0.pt``), holding only this node's clients'
+  samples, given to it by whoever owns the data (:func:`write_node_data`); the node never sees
+  anyone else's data;
+* **simulation** (:mod:`fedlib.flower.simulation`): the node config's ``partition-id`` names the one
+  client it plays, and every virtual node derives the partition from the shared config and seed.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -24,68 +36,126 @@ from fedlib.tree import index, stack
 
 app = ClientApp()
 
-#: The last config's experiment in this process (data, partition, model, algorithm): a
-#: simulation worker serves many virtual nodes of one run, and each needs the same objects.
+#: The last config's objects in this process (a simulation worker serves many virtual nodes of one
+#: run, and each needs the same objects).
 _CACHE: dict[str, object] = {}
 STATE_PREFIX = "fedlib.client_state."
 
 
-def _experiment(config: Config):
-    """The run's objects on this node (built once per config and process)."""
+class NodeClients:
+    """What one node needs to play its clients: their data only, the model, the algorithm, and the
+    initial client state (from the seeded initial model, as the engine's)."""
+
+    def __init__(self, config: Config, x: dict[int, torch.Tensor], y: dict[int, torch.Tensor],
+                 sizes: list[int]):
+        from fedlib.algorithms import ALGORITHMS
+        from fedlib.models import build_model
+        from fedlib.run import init_params, projection_dim
+
+        self.config = config
+        self.x, self.y = x, y
+        dtype = torch.float64 if config.precision == "float64" else torch.float32
+        self.model = build_model(config.model, dropout=config.dropout,
+                                 proj_dim=projection_dim(config)).to(dtype=dtype)
+        self.algo = ALGORITHMS[config.algorithm](config, self.model)
+        self.algo.bind_clients(sizes)  # the client sizes are public (record-level DP calibrates on them)
+        self.init_params = init_params(config, self.model)
+
+    @property
+    def clients(self) -> list[int]:
+        return sorted(self.x)
+
+    def initial_state(self, cid: int):
+        return self.algo.init_client_state(self.init_params)
+
+    def run(self, cid: int, t: int, cstate, ctx: RoundContext):
+        """Client ``cid``'s round on its own samples (the plan on positions in its local tensor)."""
+        from fedlib.run import client_plan
+
+        x, y = self.x[cid], self.y[cid]
+        plan = client_plan(self.algo, self.model, [np.arange(len(y))], [cid], t, ctx.gparams, x.device)
+        return run_sequential(self.algo, x, y, plan, stack([cstate]), ctx)
+
+
+def write_node_data(config: Config, clients: list[int], path: Path, experiment=None) -> Path:
+    """The data owner's side: a file holding only ``clients``' training samples (in the order of their
+    partition), for one SuperNode (see the module docstring), and every client's sample
+    count (public, as in Opacus). Tensors and plain data only (loaded with ``weights_only``)."""
+    from fedlib.results import atomic_torch_save
     from fedlib.run import Experiment
 
+    exp = experiment or Experiment(config, torch.device("cpu"))
+    payload = {"config_key": config.key(), "sizes": [len(p) for p in exp.parts],
+               "x": {cid: exp.data.x_train[torch.as_tensor(exp.parts[cid])].clone() for cid in clients},
+               "y": {cid: exp.data.y_train[torch.as_tensor(exp.parts[cid])].clone() for cid in clients}}
+    atomic_torch_save(payload, Path(path))
+    return Path(path)
+
+
+def _node(config: Config, context: Context) -> NodeClients:
+    """This process's clients for ``config`` (built once per config and process)."""
     key = config.key()
-    if key not in _CACHE:
-        _CACHE.clear()
-        _CACHE[key] = Experiment(config, torch.device("cpu"))
-    return _CACHE[key]
+    if key in _CACHE:
+        return _CACHE[key]  # type: ignore[return-value]
+    _CACHE.clear()
+    if "data-dir" in context.node_config:  # deployment: this node's own file for this run
+        name = str(context.run_config["fedlib-node-data"]).format(node=int(context.node_config["node-id"]))
+        d = torch.load(Path(str(context.node_config["data-dir"])) / name, weights_only=True)
+        if d["config_key"] != key:
+            raise ValueError(f"the node's data file was written for config {d['config_key']}, not {key}")
+        node = NodeClients(config, d["x"], d["y"], d["sizes"])
+    else:
+        from fedlib.run import Experiment
+
+        if "partition-id" not in context.node_config:
+            raise ValueError("the SuperNode needs --node-config 'data-dir=\"DIR\" node-id=N' (deployment) or "
+                             "'partition-id=<fedlib client id>' (simulation)")
+        cid = int(context.node_config["partition-id"])
+        exp = Experiment(config, torch.device("cpu"))
+        part = torch.as_tensor(exp.parts[cid])
+        node = NodeClients(config, {cid: exp.data.x_train[part]}, {cid: exp.data.y_train[part]},
+                           [len(p) for p in exp.parts])
+    _CACHE[key] = node
+    return node
 
 
-def client_id(context: Context) -> int:
-    """The fedlib client this node plays: ``partition-id`` from its node config."""
-    if "partition-id" not in context.node_config:
-        raise ValueError("the SuperNode needs --node-config 'partition-id=<fedlib client id>'")
-    return int(context.node_config["partition-id"])
+def _job(msg: Message) -> tuple[dict, Config]:
+    job = msg.content["job"]
+    torch.set_num_threads(int(job.get("threads", 1)))
+    return job, Config.from_dict(json.loads(job["config"]))
 
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Tell the server which fedlib client this node is (and load the run's data)."""
-    job = msg.content["job"]
-    config = Config.from_dict(json.loads(job["config"]))
-    torch.set_num_threads(int(job.get("threads", 1)))
-    exp = _experiment(config)
-    cid = client_id(context)
-    info = ConfigRecord({"client": cid, "num-examples": len(exp.parts[cid])})
+    """Tell the server which fedlib clients this node plays (and load their data)."""
+    _, config = _job(msg)
+    node = _node(config, context)
+    info = ConfigRecord({"clients": json.dumps(node.clients),
+                         "num-examples": json.dumps([len(node.y[c]) for c in node.clients])})
     return Message(RecordDict({"info": info}), reply_to=msg)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """One round of the algorithm's local training on this node's partition."""
-    job = msg.content["job"]
-    config = Config.from_dict(json.loads(job["config"]))
-    torch.set_num_threads(int(job.get("threads", 1)))
-    exp = _experiment(config)
-    algo, cid, t = exp.algo, client_id(context), int(job["round"])
+    """One round of the algorithm's local training for one of this node's clients."""
+    job, config = _job(msg)
+    node = _node(config, context)
+    cid, t = int(job["client"]), int(job["round"])
+    if cid not in node.x:
+        raise ValueError(f"this node does not hold client {cid}'s data (it plays {node.clients})")
+    algo = node.algo
     gparams = from_records(msg.content["global"])
     shared = from_records(msg.content["shared"], msg.content["shared_scalars"])
     ctx = RoundContext(t, gparams, algo.hyper(t), shared)
-    state_key = STATE_PREFIX + config.key()
-    for old in [k for k in context.state if k.startswith(STATE_PREFIX) and k != state_key]:
-        del context.state[old]  # a node serves one run at a time: drop an earlier run's state
-    if state_key in context.state:
-        cstate = from_records(context.state[state_key])
-    else:  # the state the engine starts every client with (from the seeded initial model)
-        cstate = index(exp.client_states, cid)
-    plan = exp.plan(t, [cid], gparams)
+    state_key = f"{STATE_PREFIX}{config.key()}.{cid}"
+    prefix = f"{STATE_PREFIX}{config.key()}."
+    for old in [k for k in context.state if k.startswith(STATE_PREFIX) and not k.startswith(prefix)]:
+        del context.state[old]  # a node serves one run at a time: drop an earlier run's states
+    cstate = from_records(context.state[state_key]) if state_key in context.state else node.initial_state(cid)
     # the engine's sequential path for this one client, its local randomiser (local DP) included
-    uploads, new_cstates, metrics = run_sequential(algo, exp.data.x_train, exp.data.y_train, plan,
-                                                   stack([cstate]), ctx)
+    uploads, new_cstates, metrics = node.run(cid, t, cstate, ctx)
     context.state[state_key] = to_records(index(new_cstates, 0))[0]
     upload, _ = to_records(index(uploads, 0))
     metric_arrays, _ = to_records(index(metrics, 0))
-    info = ConfigRecord({"client": cid, "num-examples": len(exp.parts[cid])})
+    info = ConfigRecord({"client": cid, "num-examples": len(node.y[cid])})
     return Message(RecordDict({"upload": upload, "metrics": metric_arrays, "info": info}), reply_to=msg)
-
-

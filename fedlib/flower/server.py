@@ -31,25 +31,30 @@ CONNECT_TIMEOUT_S = 300.0
 
 
 def discover(grid: Grid, config: Config, threads: int = 1) -> dict[int, int]:
-    """fedlib client id -> Flower node id, asked of every connected node (a ``query`` message).
-    Waits until ``config.clients`` nodes are connected; clients 0..N-1 must each be played by one
-    node (nodes playing higher ids sit this run out)."""
+    """fedlib client id -> Flower node id, asked of every connected node (a ``query`` message: each
+    node says which clients it plays, one or more). Waits until clients 0..N-1 are all played, each
+    by one node (nodes playing higher ids sit this run out)."""
     start = time.time()
-    while len(nodes := list(grid.get_node_ids())) < config.clients:
-        if time.time() - start > CONNECT_TIMEOUT_S:
-            raise TimeoutError(f"{len(nodes)} of {config.clients} nodes connected "
-                               f"after {CONNECT_TIMEOUT_S} s")
-        time.sleep(0.5)
     job = ConfigRecord({"config": json.dumps(config.to_dict()), "threads": threads})
-    replies = list(grid.send_and_receive([Message(RecordDict({"job": job}), dst_node_id=n,
-                                                  message_type=MessageType.QUERY) for n in nodes]))
-    _raise_errors(replies)
-    ids = [int(r.content["info"]["client"]) for r in replies]
-    missing = sorted(set(range(config.clients)) - set(ids))
-    if missing or len(set(ids)) != len(ids):
-        raise RuntimeError(f"nodes must play clients 0..{config.clients - 1} once each; missing {missing}, "
-                           f"played: {sorted(ids)}")
-    return {cid: r.metadata.src_node_id for cid, r in zip(ids, replies, strict=True) if cid < config.clients}
+    asked: dict[int, list[int]] = {}
+    while True:
+        new = [n for n in grid.get_node_ids() if n not in asked]
+        if new:
+            replies = list(grid.send_and_receive([Message(RecordDict({"job": job}), dst_node_id=n,
+                                                          message_type=MessageType.QUERY) for n in new]))
+            _raise_errors(replies)
+            for r in replies:
+                played_by = json.loads(str(r.content["info"]["clients"]))
+                asked[r.metadata.src_node_id] = [int(c) for c in played_by]
+        played = [c for cs in asked.values() for c in cs if c < config.clients]
+        if len(set(played)) != len(played):
+            raise RuntimeError(f"a client is played by more than one node: {sorted(played)}")
+        if set(played) == set(range(config.clients)):
+            return {c: n for n, cs in asked.items() for c in cs if c < config.clients}
+        if time.time() - start > CONNECT_TIMEOUT_S:
+            missing = sorted(set(range(config.clients)) - set(played))
+            raise TimeoutError(f"after {CONNECT_TIMEOUT_S} s no connected node plays clients {missing}")
+        time.sleep(0.5)
 
 
 def _raise_errors(replies: list[Message]) -> None:
@@ -85,11 +90,14 @@ class FedlibStrategy(Strategy):
         ctx = RoundContext(t, exp.gparams, algo.hyper(t), algo.broadcast(exp.server_state))
         self._round = (selected, ctx, time.time())
         shared, shared_scalars = to_records(ctx.shared)
-        job = ConfigRecord({**self.job, "round": t})
         # ``arrays`` is exp.gparams as encoded by aggregate_train (or by main before round 1)
-        content = {"global": arrays, "shared": shared, "shared_scalars": shared_scalars, "job": job}
-        return [Message(RecordDict(content), dst_node_id=self.nodes[cid], message_type=MessageType.TRAIN,
-                        group_id=str(server_round))
+        content = {"global": arrays, "shared": shared, "shared_scalars": shared_scalars}
+
+        def job(cid: int) -> ConfigRecord:  # which client the node plays in this message
+            return ConfigRecord({**self.job, "round": t, "client": cid})
+
+        return [Message(RecordDict({**content, "job": job(cid)}), dst_node_id=self.nodes[cid],
+                        message_type=MessageType.TRAIN, group_id=str(server_round))
                 for cid in selected]
 
     def aggregate_train(self, server_round: int,

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from fedlib.config import Config
 from fedlib.flower import check_supported, require_flower
-from fedlib.results import Result, result_path, results_dir
+from fedlib.results import Result, load_cached, result_path, results_dir
 
 #: Sub-folder of the results folder that holds Flower runs.
 FLOWER_DIR = "flower"
@@ -140,11 +140,11 @@ def run_flower_many(configs: list[Config], *, root: Path | None = None, force: b
         raise ValueError(f"client_cpus must be >= 1, got {client_cpus}")
     require_flower()
     root = flower_results_dir(root)
-    todo = [c for c in configs if force or not result_path(c, root).exists()]
+    todo = [c for c in configs if force or load_cached(c, [root]) is None]
     todo = list({c.key(): c for c in todo}.values())
     if todo:
         _simulate(todo, root, cpus or os.cpu_count() or 1, client_cpus, progress, verbose)
-    return [Result.load(result_path(c, root)) for c in configs]
+    return [Result.load(result_path(c, root), expect=c) for c in configs]
 
 
 def _simulate(configs: list[Config], root: Path, cpus: int, client_cpus: int, progress: bool,

@@ -35,6 +35,7 @@ import torch
 from fedlib.privacy.discrete import Grid, discrete_gaussian, grid_for, rng_for
 from fedlib.privacy.guarantee import Relation
 from fedlib.privacy.noise import gaussian_noise_like, generator_for
+from fedlib.privacy.record import Release, SensitivityError, note
 from fedlib.tree import Tree, leaves, tmap
 
 #: Relative allowance for float32 rounding in a clipped update's norm (``clip_by_l2`` computes the
@@ -56,6 +57,21 @@ def _decode(n: torch.Tensor, grid: Grid, like: torch.Tensor) -> torch.Tensor:
     return (n.double() * grid.step).to(like.dtype)
 
 
+def check_rows(clipped: Tree, clip: float) -> None:
+    """Every row (leading dimension) of ``clipped`` is finite with flat L2 norm at most ``clip``
+    (relative slack :data:`NORM_SLACK` for float32 rounding), else :class:`SensitivityError`."""
+    xs = leaves(clipped)
+    if not xs or xs[0].shape[0] == 0:
+        return
+    sq = sum((x.double() ** 2).reshape(x.shape[0], -1).sum(1) for x in xs)
+    if not torch.isfinite(sq).all():
+        raise SensitivityError("an update entering the noisy sum is not finite: it was not clipped")
+    worst = float(sq.max().sqrt())
+    if worst > clip * (1 + NORM_SLACK):
+        raise SensitivityError(f"an update entering the noisy sum has norm {worst:.6g} > clip {clip:.6g}: "
+                               "it was not clipped to the norm the noise is calibrated for")
+
+
 def noisy_sum(
     clipped: Tree,
     clip: float,
@@ -68,20 +84,28 @@ def noisy_sum(
     """``sum_i clipped_i + N(0, (z Delta)^2 I)`` over the leading (client) dimension of every leaf.
 
     ``seed``: the integers that key the noise stream (config key, stream, round). ``mask``: a
-    public 0/1 tree (pruning); masked coordinates get no noise (and carry no update)."""
+    public 0/1 tree (pruning); masked coordinates get no noise (and carry no update).
+
+    The sensitivity is verified, not assumed: every row must be finite with L2 norm at most
+    ``clip`` (up to float32 rounding, :data:`NORM_SLACK`), else :class:`SensitivityError`. The
+    release is recorded (:func:`fedlib.privacy.record.note`) with the multiplier of the noise
+    actually drawn against that sensitivity."""
+    check_rows(clipped, clip)
     if noise_multiplier <= 0:
+        note(Release("gaussian_sum", noise_multiplier=0.0))
         return tmap(lambda x: x.sum(0), clipped)
     if not secure:
         total = tmap(lambda x: x.sum(0), clipped)
-        noise = gaussian_noise_like(
-            total, noise_multiplier * relation.sensitivity_factor * clip, generator_for(*seed)
-        )
+        std = noise_multiplier * relation.sensitivity_factor * clip
+        noise = gaussian_noise_like(total, std, generator_for(*seed))
+        note(Release("gaussian_sum", noise_multiplier=std / (relation.sensitivity_factor * clip)))
         if mask is not None:
             noise = tmap(lambda n, m: n * m.to(n.dtype), noise, mask)
         return tmap(torch.add, total, noise)
     grid = grid_for(clip)
     dims = sum(math.prod(x.shape[1:]) for x in leaves(clipped))
     sigma = noise_multiplier * grid_sensitivity(clip, relation, dims, grid)
+    note(Release("gaussian_sum", noise_multiplier=sigma / grid_sensitivity(clip, relation, dims, grid)))
     rng = rng_for(*seed)
 
     def release(x: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
@@ -119,15 +143,25 @@ def noisy_one(
 COUNT_GRID = Grid(2.0**-21)
 
 
-def noisy_count(values: torch.Tensor, std: float, seed: tuple[int, ...], secure: bool = True) -> float:
-    """``sum(values) + N(0, std^2)`` for values on the half-integer grid (e.g. ``b_i - 1/2``)."""
-    total = float(values.double().sum())
+def noisy_count(values: torch.Tensor, std: float, seed: tuple[int, ...], secure: bool = True,
+                sensitivity: float = 0.5) -> float:
+    """``sum(values) + N(0, std^2)`` for values on the half-integer grid (e.g. ``b_i - 1/2``), each
+    within ``[-sensitivity, sensitivity]`` (verified: adding or removing one unit moves the sum by
+    at most that); the release is recorded with multiplier ``std / sensitivity``."""
+    v = values.double()
+    if len(v) and not (torch.isfinite(v).all() and float(v.abs().max()) <= sensitivity):
+        raise SensitivityError(f"a value of the noisy count lies outside [-{sensitivity:g}, {sensitivity:g}]")
+    total = float(v.sum())
     if std <= 0:
+        note(Release("gaussian_count", noise_multiplier=0.0))
         return total
     if not secure:
+        note(Release("gaussian_count", noise_multiplier=std / sensitivity))
         return total + float(torch.randn((), generator=generator_for(*seed), dtype=torch.float64)) * std
+    steps = std / COUNT_GRID.step  # the noise std in grid steps: what is drawn, and recorded
+    note(Release("gaussian_count", noise_multiplier=steps * COUNT_GRID.step / sensitivity))
     n = int(COUNT_GRID.encode(np.array(total)))
-    noise = int(discrete_gaussian(1, std / COUNT_GRID.step, rng_for(*seed))[0])
+    noise = int(discrete_gaussian(1, steps, rng_for(*seed))[0])
     return float(COUNT_GRID.decode(np.array(n + noise)))
 
 

@@ -37,9 +37,13 @@ def per_sample_grads(loss_one: Callable[[Params, dict], torch.Tensor], params: P
 
 
 def clip_per_sample(grads: Params, clip: float, weight: torch.Tensor) -> tuple[Params, torch.Tensor]:
-    """``sum_b weight_b * clip(g_b, C)`` (weight 0 drops padding) and each sample's norm before
-    clipping (over all parameters together: the norm of the per-tensor norms, each computed by
+    """``sum_b weight_b * clip(g_b, C)`` (weight 0 drops padding; a per-sample gradient with a NaN
+    or infinite coordinate is zeroed first, so the sum's sensitivity stays C) and each sample's norm
+    before clipping (over all parameters together: the norm of the per-tensor norms, each computed by
     ``torch.linalg.vector_norm`` in the gradients' dtype, which scales to avoid overflow)."""
+    finite = torch.stack([torch.isfinite(g.flatten(1)).all(1) for g in grads.values()], dim=1).all(1)
+    grads = {k: torch.where(finite.view(-1, *([1] * (g.dim() - 1))), g, torch.zeros_like(g))
+             for k, g in grads.items()}  # a non-finite per-sample gradient counts as zero
     per_tensor = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads.values()], dim=1)
     norms = torch.linalg.vector_norm(per_tensor, dim=1).to(weight.dtype)
     scale = weight * torch.where(norms > clip, clip / norms.clamp_min(clip), torch.ones_like(norms))

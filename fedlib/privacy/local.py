@@ -35,6 +35,7 @@ import torch
 
 from fedlib.privacy.discrete import discrete_laplace, grid_for
 from fedlib.privacy.noise import laplace_noise_like
+from fedlib.privacy.record import Release, SensitivityError, note
 
 
 # ---- the exponential mechanism without replacement ---------------------------------------
@@ -73,6 +74,20 @@ def exponential_mechanism_log_weights(utility: torch.Tensor, epsilon: float,
     return epsilon * utility / (2.0 * sensitivity)
 
 
+def exponential_top_k(utility: torch.Tensor, epsilon_per_draw: float, k: int, generator: torch.Generator,
+                      sensitivity: float = 1.0) -> torch.Tensor:
+    """``k`` draws without replacement (per row) by the exponential mechanism with utility in
+    ``[0, sensitivity]`` (verified), each ``epsilon_per_draw``-DP: indices ``(m, k)``. Recorded as
+    ``k * epsilon_per_draw`` per row (composition of the draws)."""
+    u = utility.double()
+    if u.numel() and not (torch.isfinite(u).all() and float(u.min()) >= 0 and float(u.max()) <= sensitivity):
+        raise SensitivityError(f"utility outside [0, {sensitivity:g}]: the exponential mechanism's "
+                               "bound fails")
+    logw = exponential_mechanism_log_weights(u, epsilon_per_draw, sensitivity)
+    note(Release("exponential_top_k", epsilon=k * epsilon_per_draw))
+    return gumbel_top_k(logw, k, generator)
+
+
 def mask_of(indices: torch.Tensor, d: int, counts: torch.Tensor | None = None) -> torch.Tensor:
     """Boolean ``(m, d)`` mask of ``indices`` ``(m, k)``; with ``counts`` only the first
     ``counts[i]`` indices of row ``i`` (ragged selections padded to a common ``k``)."""
@@ -96,6 +111,7 @@ def two_point(values: torch.Tensor, center: float, radius: float, epsilon: float
         raise ValueError("two_point needs epsilon > 0 and radius > 0")
     w = values.double().clamp(center - radius, center + radius)
     e = math.exp(epsilon)
+    note(Release("two_point", epsilon=epsilon * values.shape[-1]))  # each row: every coordinate
     p = ((w - center) * (e - 1) + radius * (e + 1)) / (2 * radius * (e + 1))
     u = torch.rand(w.shape, generator=generator, dtype=torch.float64).to(w.device)
     level = radius * (e + 1) / (e - 1)
@@ -129,6 +145,7 @@ def signds_select(updates: torch.Tensor, k: int, h: int, nu_th: int, epsilon: fl
     dev = updates.device
     signs = torch.from_numpy(np.where(rng.integers(0, 2, size=m) == 0, -1.0, 1.0)).to(dev, updates.dtype)
     top = torch.topk(signs[:, None] * updates, k, dim=1).indices.cpu().numpy()
+    note(Release("signds_selection", epsilon=epsilon))
     probs = signds_nu_log_probs(d, k, h, nu_th, epsilon).exp().numpy()
     nu = rng.choice(h + 1, size=m, p=probs / probs.sum())
     mask = np.zeros((m, d), dtype=bool)
@@ -151,12 +168,20 @@ def discrete_laplace_values(values: torch.Tensor, mask: torch.Tensor, l1_sensiti
     lie on the grid, so rounding adds nothing to it), rounded up to whole grid steps; returns the
     release and the epsilon it actually spends (at most ``epsilon``)."""
     grid = grid_for(1.0)
+    # what one client's entries can change by: 2 (the range [-1, 1]) per released entry of its row
+    true_l1 = 2.0 * float(mask.reshape(-1, mask.shape[-1]).sum(-1).max()) if mask.numel() else 0.0
+    if l1_sensitivity < true_l1:
+        raise SensitivityError(f"L1 sensitivity {l1_sensitivity:g} is below what the released entries "
+                               f"can change "
+                         f"({true_l1:g}): the noise would be too small")
     scale_steps = math.ceil(l1_sensitivity / epsilon / grid.step)
+    spent = true_l1 / grid.step / scale_steps
+    note(Release("discrete_laplace", epsilon=spent))
     kept = values[mask].double().clamp(-1.0, 1.0).cpu().numpy()
     noisy = grid.encode(kept) + discrete_laplace(kept.size, scale_steps, rng)
     out = torch.zeros_like(values)
     out[mask] = torch.from_numpy(grid.decode(noisy)).to(values.device, values.dtype)
-    return out, l1_sensitivity / grid.step / scale_steps
+    return out, spent
 
 
 def laplace_values(values: torch.Tensor, mask: torch.Tensor, scale: float,

@@ -56,6 +56,9 @@ class StepNoise:
     shapes: tuple[tuple[str, tuple[int, ...]], ...]
     dtype: torch.dtype
     device: torch.device
+    #: The L2 sensitivity the noise is calibrated against (the per-sample clip C): each client
+    #: records ``std / sensitivity`` as the multiplier its steps released (fedlib.privacy.record).
+    sensitivity: float = 1.0
 
     def draw(self, client: int, step: int) -> dict[str, torch.Tensor]:
         seed = int(np.random.SeedSequence([*self.key, client, step]).generate_state(1)[0])

@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import resource
 import statistics
 import sys
@@ -293,9 +294,15 @@ def device_slug(device: torch.device) -> str:
     return f"cpu-{cpu_workers()}core"
 
 
+def bench_dir() -> Path:
+    """``$FEDLIB_BENCH_DIR`` or ``data/bench/``: where benchmarks are saved and the campaign reads
+    its time estimates from."""
+    return Path(os.environ.get("FEDLIB_BENCH_DIR", REPO_ROOT / "data" / "bench"))
+
+
 def save(res: dict, device: torch.device, folder: Path | None = None) -> Path:
     """Write ``res`` with provenance to ``data/bench/<device>-<date>.json`` (atomically)."""
-    folder = Path(folder or REPO_ROOT / "data" / "bench")
+    folder = Path(folder or bench_dir())
     stamp = time.strftime("%Y-%m-%d")
     path = folder / f"{device_slug(device)}-{stamp}.json"
     payload = {"results": res, "provenance": provenance(device, res.get("default_path", "")),

@@ -1,38 +1,60 @@
-"""The campaign: train every configuration the book's pages need at a profile, in slices.
+"""The campaign: train every configuration the book's pages need at a profile, in slices, claims first.
 
-``python -m fedlib.tools.campaign plan --profile paper``
+``python -m fedlib.tools.campaign plan --profile paper [--pages 'dpfl_*'] [--seeds N]``
     lists, per page, the configurations its notebook needs (collected from the studies' ``PAGES``,
-    not retyped), how many are already in ``data/results/``, and the estimated time of the rest
-    (from the committed benchmark of the device kind, ``data/bench/``).
+    not retyped), how many are already in ``data/results/`` and the estimated time of the rest; then,
+    per ledger claim (``studies.claim_runs``), in the order ``run`` trains them, what the claim still
+    needs and the estimated minutes to settle it, on this machine's device kind (or
+    ``--device-kind``), from the committed benchmark of that kind (``data/bench/``).
 
-``python -m fedlib.tools.campaign run --profile paper --budget-min 25``
-    trains the missing ones, longest first, configurations of one shape together as run batches
-    (``fedlib.run.run_many``), and stops cleanly before the budget ends: a run batch that would not
-    finish in time is not started, and one that runs past the deadline checkpoints and stops
-    (no result is ever written partially). Rerun it until nothing is missing.
+``python -m fedlib.tools.campaign run --profile paper --budget-min 25 [--pages ...] [--seeds N]``
+    trains the missing ones in the order that settles the most claims per estimated minute (greedy:
+    each step trains what settles the most open claims per minute of training; runs that settle no
+    claim, such as a frontier's dense grid, come last), configurations of one shape together as run
+    batches (:func:`fedlib.run.run_many`: the seeds of a claim's runs train together, which on a GPU
+    costs far less than one seed after another), and stops cleanly before the budget ends: a run
+    batch that would not finish in time is not started, and one that runs past the deadline
+    checkpoints and stops (no result is ever written partially; every finished batch is written at
+    once). Rerun it until nothing is missing. Right after training it computes what a page needs
+    from the model files, which stay on the machine that trained (the membership audit's losses).
 
 ``python -m fedlib.tools.campaign pack --out DIR`` / ``unpack ARCHIVE...``
-    put the result files that git does not track yet into archives of at most 16 MiB each (a GPU
-    machine returns at most 8 files per command), and add them to ``data/results/`` after checking
-    each one: its file name is its config's key, its metrics are finite, its provenance is present.
+    put the result files that git does not track yet (and their audit files) into archives of at
+    most 16 MiB each (a GPU machine returns at most 8 files per command), and add them to
+    ``data/results/`` after checking every one like input (:func:`check_result`): its config valid
+    (:meth:`fedlib.config.Config.validate`), its file name its config's key, its metrics in their
+    ranges, its provenance present, no name twice; anything wrong is one clear line and nothing is
+    added.
 
-``make paper`` runs one slice (``run --profile paper``).
+``make paper`` runs one slice (``run --profile paper``); ``bash tools/gpu-slice.sh`` runs a whole
+slice on an offline GPU node.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import math
 import subprocess
 import sys
 import tarfile
 import time
+import zlib
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
-from fedlib.config import Config
-from fedlib.results import REPO_ROOT, Result, result_path, results_dir
+from fedlib.config import Config, ConfigError
+from fedlib.results import (
+    REPO_ROOT,
+    Result,
+    atomic_write_bytes,
+    content_hash,
+    result_path,
+    result_status,
+    results_dir,
+)
 from fedlib.run import batch_key, run_many
 
 #: Relative cost of one round per training sample, by model and by algorithm (forward/backward
@@ -40,31 +62,71 @@ from fedlib.run import batch_key, run_many
 #: models). Anchored on the benchmark's FedAvg round of the MOON-DPAP CNN.
 MODEL_COST = {"cnn": 1.0, "mcmahan_cnn": 3.0, "mlp": 0.15}
 ALGORITHM_COST = {"moon": 2.2, "moon_dpap": 2.2, "ditto": 2.0, "scaffold": 1.1, "feddyn": 1.1}
+#: Record-level DP-SGD (per-sample gradients, Poisson batches) over the same algorithm without it:
+#: the median seconds per round of MOON-DPAP's committed quick runs on the 2-core CPU (32.3 s
+#: against 3.4 s).
+RECORD_DP_COST = 9.5
 PACK_LIMIT = 16 * 2**20
 
 
 # ---- what is needed, what is there ----------------------------------------------------------------
-def needed(profile: str) -> dict[str, list[Config]]:
+def select_pages(per_page: dict[str, list[Config]], patterns: list[str] | None) -> dict[str, list[Config]]:
+    """The pages whose names match one of ``patterns`` (shell globs, e.g. ``dpfl_*``); all when None.
+    A pattern that matches no page is an error (a typo must not silently train nothing)."""
+    if not patterns:
+        return per_page
+    for p in patterns:
+        if not any(fnmatch.fnmatch(page, p) for page in per_page):
+            raise ConfigError(f"--pages {p!r} matches no page; pages: {', '.join(per_page)}")
+    return {page: cs for page, cs in per_page.items() if any(fnmatch.fnmatch(page, p) for p in patterns)}
+
+
+def needed(profile: str, pages: list[str] | None = None,
+           n_seeds: int | None = None) -> dict[str, list[Config]]:
+    """Per page, the configurations its notebook needs at ``profile`` (``n_seeds`` seeds instead of
+    the profile's own number when given)."""
     from studies import configs
 
-    return configs(profile)
+    return select_pages(configs(profile, n_seeds), pages)
+
+
+def claims_for(profile: str, n_seeds: int | None = None) -> list[tuple[str, str, str, list[Config]]]:
+    """Every ledger claim that training settles: (paper, page, claim, the configs that decide it)."""
+    from studies import claim_runs
+
+    return [(paper, page, n.claim, cs) for paper, page, n, cs in claim_runs(profile, n_seeds)]
 
 
 def missing(per_page: dict[str, list[Config]], root: Path | None = None) -> list[Config]:
-    """Distinct configurations without a result under ``root``."""
+    """Distinct configurations without a result under ``root`` that verifies (a file that does not,
+    :func:`fedlib.results.result_status`, counts as missing: training sets it aside and redoes it)."""
     out, seen = [], set()
     for cs in per_page.values():
         for c in cs:
-            if c.key() not in seen and not result_path(c, root).exists():
+            if c.key() not in seen and result_status(c, root) != "present":
                 seen.add(c.key())
                 out.append(c)
+    return out
+
+
+def invalid(per_page: dict[str, list[Config]], root: Path | None = None) -> list[tuple[Path, str]]:
+    """Result files under ``root`` that a page needs but that do not verify, with the reason."""
+    out, seen = [], set()
+    for cs in per_page.values():
+        for c in cs:
+            status = result_status(c, root)
+            if c.key() not in seen and status.startswith("invalid"):
+                seen.add(c.key())
+                out.append((result_path(c, root), status.split(": ", 1)[1]))
     return out
 
 
 def bench_seconds_per_sample(kind: str) -> tuple[float | None, str]:
     """Seconds per training sample of one FedAvg round of the CNN on the latest committed benchmark
     of ``kind`` ("cuda" or "cpu"), and the file it comes from."""
-    files = sorted((REPO_ROOT / "data" / "bench").glob(f"{kind}-*.json"))
+    from fedlib.tools.bench import bench_dir
+
+    files = sorted(bench_dir().glob(f"{kind}-*.json"))
     if not files:
         return None, ""
     r = json.loads(files[-1].read_text())["results"]
@@ -76,7 +138,7 @@ def estimate_s(config: Config, per_sample: float | None) -> float:
     if per_sample is None:
         return math.nan
     model = MODEL_COST.get(config.model, 1.0)
-    algo = ALGORITHM_COST.get(config.algorithm, 1.0)
+    algo = ALGORITHM_COST.get(config.algorithm, 1.0) * (RECORD_DP_COST if config.dp == "record" else 1.0)
     epoch = config.n_train * config.client_fraction * config.local_epochs
     return config.rounds * epoch * per_sample * model * algo
 
@@ -87,17 +149,94 @@ def device_kind() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def plan(profile: str, root: Path | None = None, kind: str | None = None) -> list[dict]:
+# ---- claims first -----------------------------------------------------------------------------------
+Step = tuple[list[str], list[Config]]  # the claims a step settles, and the configs it trains
+
+
+def order(todo: list[Config], claims: list[tuple[str, list[Config]]],
+          cost: Callable[[Config], float]) -> list[Step]:
+    """Training steps, most claims settled per unit of cost first (greedy).
+
+    ``claims``: (name, the configs that decide it). A claim is settled when none of its configs is
+    left to train. Each step takes the open claim whose remaining configs settle the most open
+    claims (itself and every claim whose remaining configs they include) per unit of their cost, and
+    trains those configs; configs that settle no claim form the last step, longest first."""
+    pending = {c.key(): c for c in todo}
+    open_ = [(name, {c.key() for c in cs} & pending.keys()) for name, cs in claims]
+    open_ = [(name, keys) for name, keys in open_ if keys]
+    done: set[str] = set()
+    steps: list[Step] = []
+    while open_:
+        best = None
+        for _, keys in open_:
+            rem = keys - done
+            settled = [n for n, ks in open_ if ks - done <= rem]
+            c = sum(cost(pending[k]) for k in rem)
+            score = (len(settled) / max(c, 1e-12), -c)
+            if best is None or score > best[0]:
+                best = (score, rem, settled)
+        _, rem, settled = best
+        steps.append((settled, sorted((pending[k] for k in rem), key=lambda x: x.key())))
+        done |= rem
+        open_ = [(n, ks) for n, ks in open_ if ks - done]
+    rest = [c for k, c in pending.items() if k not in done]
+    if rest:
+        steps.append(([], sorted(rest, key=lambda c: (-cost(c), c.key()))))
+    return steps
+
+
+def _cost(per_sample: float | None) -> Callable[[Config], float]:
+    """The estimate in seconds; without a benchmark, the same formula in relative units (the order
+    only needs ratios)."""
+    return lambda c: estimate_s(c, per_sample if per_sample is not None else 1.0)
+
+
+def claim_plan(profile: str, root: Path | None = None, kind: str | None = None,
+               pages: list[str] | None = None, n_seeds: int | None = None) -> list[dict]:
+    """Per claim, in the order :func:`run` would settle them: paper, page, claim, configs it needs,
+    how many are missing, and the estimated minutes of the training step that settles it (the
+    step's whole cost is given on the first claim it settles; the others it settles say ``with``)."""
+    kind = kind or device_kind()
+    per_sample, _ = bench_seconds_per_sample(kind)
+    per_page = needed(profile, pages, n_seeds)
+    todo = missing(per_page, root)
+    claims = [x for x in claims_for(profile, n_seeds) if x[1] in per_page]
+    names = {f"{page}: {claim}": (paper, page, claim, cs) for paper, page, claim, cs in claims}
+    rows, listed = [], set()
+    steps = order(todo, [(n, v[3]) for n, v in names.items()], _cost(per_sample))
+    for i, (settled, configs) in enumerate(steps):
+        minutes = sum(estimate_s(c, per_sample) for c in configs) / 60
+        for j, name in enumerate(settled):
+            paper, page, claim, cs = names[name]
+            miss = [c for c in cs if result_status(c, root) != "present"]
+            rows.append({"step": i + 1, "paper": paper, "page": page, "claim": claim,
+                         "needed": len({c.key() for c in cs}), "missing": len({c.key() for c in miss}),
+                         "estimate_min": minutes if j == 0 else None})
+            listed.add(name)
+        if not settled:
+            rows.append({"step": i + 1, "paper": "", "page": "(no claim: figures only)", "claim": "",
+                         "needed": len(configs), "missing": len(configs), "estimate_min": minutes})
+    for name, (paper, page, claim, cs) in names.items():
+        if name not in listed:
+            rows.append({"step": 0, "paper": paper, "page": page, "claim": claim,
+                         "needed": len({c.key() for c in cs}), "missing": 0, "estimate_min": 0.0})
+    return rows
+
+
+def plan(profile: str, root: Path | None = None, kind: str | None = None,
+         pages: list[str] | None = None, n_seeds: int | None = None) -> list[dict]:
+    """Per page: configurations needed, present, missing, estimated minutes of the missing ones."""
     kind = kind or device_kind()
     per_sample, source = bench_seconds_per_sample(kind)
-    per_page = needed(profile)
+    per_page = needed(profile, pages, n_seeds)
     rows = []
     for page, cs in per_page.items():
         todo = missing({page: cs}, root)
         rows.append({"page": page, "needed": len(cs), "present": len(cs) - len(todo), "missing": len(todo),
                      "estimate_min": sum(estimate_s(c, per_sample) for c in todo) / 60})
-    rows.append({"page": f"(estimates from {source or f'no {kind} benchmark committed'})", "needed": 0,
-                 "present": 0, "missing": len(missing(per_page, root)), "estimate_min": math.nan})
+    where = source or f"no {kind} benchmark committed: make bench there"
+    rows.append({"page": f"(estimates from {where})", "needed": 0, "present": 0,
+                 "missing": len(missing(per_page, root)), "estimate_min": math.nan})
     return rows
 
 
@@ -108,47 +247,82 @@ def groups(configs: list[Config], per_sample: float | None) -> list[list[Config]
     for c in configs:
         by_key[batch_key(c)].append(c)
     out = [sorted(g, key=lambda c: c.key()) for g in by_key.values()]
-    return sorted(out, key=lambda g: -sum(estimate_s(c, per_sample) or 0 for c in g))
+    return sorted(out, key=lambda g: -sum(_cost(per_sample)(c) for c in g))
+
+
+def after_training_hooks() -> dict[str, Callable]:
+    """page -> what to compute from a freshly trained result of that page (``AFTER_TRAINING``)."""
+    from studies.dpfl.pages import AFTER_TRAINING
+
+    return dict(AFTER_TRAINING)
 
 
 def run(profile: str, budget_min: float, root: Path | None = None, engine: str = "auto",
-        max_batch: int = 8, progress: bool = True) -> dict:
-    """Train missing configurations until done or until the budget would be exceeded."""
+        max_batch: int = 8, progress: bool = True, pages: list[str] | None = None,
+        n_seeds: int | None = None) -> dict:
+    """Train missing configurations, claims first, until done or until the budget would be exceeded."""
     start = time.time()
     deadline = start + 60 * budget_min
-    kind = device_kind()
-    per_sample, _ = bench_seconds_per_sample(kind)
-    todo = missing(needed(profile), root)
-    done, skipped = 0, 0
-    for group in groups(todo, per_sample):
-        for i in range(0, len(group), max_batch):
-            chunk = group[i:i + max_batch]
-            est = sum(estimate_s(c, per_sample) for c in chunk)
-            if math.isfinite(est) and time.time() + est > deadline:
-                skipped += len(chunk)
-                continue
-            if time.time() >= deadline:
-                skipped += len(chunk)
-                continue
-            finished = run_many(chunk, engine=engine, root=root, progress=progress, deadline=deadline)
-            done += sum(r is not None for r in finished)
-            skipped += sum(r is None for r in finished)
-    left = len(missing(needed(profile), root))
+    root = Path(root or results_dir())
+    per_sample, _ = bench_seconds_per_sample(device_kind())
+    per_page = needed(profile, pages, n_seeds)
+    todo = missing(per_page, root)
+    claims = [(f"{page}: {claim}", cs) for _, page, claim, cs in claims_for(profile, n_seeds)
+              if page in per_page]
+    hooks = after_training_hooks()
+    pages_of: dict[str, list[str]] = defaultdict(list)
+    for page, cs in per_page.items():
+        for c in cs:
+            pages_of[c.key()].append(page)
+    done, skipped, settled = 0, 0, 0
+    for claim_names, configs in order(todo, claims, _cost(per_sample)):
+        complete = True
+        for group in groups(configs, per_sample):
+            for i in range(0, len(group), max_batch):
+                chunk = group[i:i + max_batch]
+                est = sum(estimate_s(c, per_sample) for c in chunk)
+                if time.time() >= deadline or (math.isfinite(est) and time.time() + est > deadline):
+                    skipped += len(chunk)
+                    complete = False
+                    continue
+                finished = run_many(chunk, engine=engine, root=root, progress=progress, deadline=deadline,
+                                    locked="skip")  # a run another slice trains is left to it
+                for r in finished:
+                    if r is None:
+                        continue
+                    for page in pages_of[r.config.key()]:
+                        if page in hooks:
+                            hooks[page](r, root)
+                done += sum(r is not None for r in finished)
+                skipped += sum(r is None for r in finished)
+                complete &= all(r is not None for r in finished)
+        settled += len(claim_names) if complete else 0
+    left = len(missing(per_page, root))
     return {"trained": done, "not started or stopped": skipped, "still missing": left,
-            "minutes": (time.time() - start) / 60}
+            "claims settled": settled, "minutes": (time.time() - start) / 60}
 
 
 # ---- moving results between machines ----------------------------------------------------------------
-def untracked_results(root: Path | None = None) -> list[Path]:
-    """Result files under ``root`` that git does not track yet (what a slice produced)."""
-    root = Path(root or results_dir())
+def _untracked(paths: list[str]) -> list[Path]:
     try:
-        out = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "--", str(root)],
+        out = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "--", *paths],
                              cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.split()
-        files = [REPO_ROOT / p for p in out]
+        return [REPO_ROOT / p for p in out]
     except (OSError, subprocess.CalledProcessError):
-        files = list(root.glob("*.json"))
-    return sorted(p for p in files if p.suffix == ".json" and p.parent == root)
+        return [f for p in paths for f in Path(p).glob("*.json")]
+
+
+def untracked_results(root: Path | None = None) -> list[Path]:
+    """Result files under ``root`` (and their audit files under ``root/audits``) that git does not
+    track yet: what a slice produced."""
+    root = Path(root or results_dir()).resolve()
+    files = _untracked([str(root)])
+    keep = [p for p in files if p.suffix == ".json" and p.resolve().parent in (root, root / "audits")]
+    return sorted(keep)
+
+
+def _arcname(f: Path) -> str:
+    return f"audits/{f.name}" if f.parent.name == "audits" else f.name
 
 
 def pack(files: list[Path], out_dir: Path, limit: int = PACK_LIMIT) -> list[Path]:
@@ -171,65 +345,188 @@ def _write(files: list[Path], out_dir: Path, i: int) -> Path:
     path = out_dir / f"results-{i:02d}.tgz"
     with tarfile.open(path, "w:gz") as tar:
         for f in files:
-            tar.add(f, arcname=f.name)
+            tar.add(f, arcname=_arcname(f))
     return path
 
 
 class InvalidResult(ValueError):
-    pass
+    """An incoming result or archive that is refused (one line says why)."""
+
+
+#: Metrics bounded to [0, 1] wherever a round records them.
+UNIT_METRICS = ("test_acc", "personal_acc", "sent_frac", "kept_frac", "sparsity")
+#: Metrics that are counts, sizes or times: >= 0.
+NONNEGATIVE = ("clients", "bytes_up", "bytes_down", "wall_s", "eval_s", "clip", "next_clip",
+               "update_norm_median", "noise_multiplier", "lr")
+PROVENANCE = ("device", "git_commit", "torch", "seed", "duration_s", "config_key", "content_sha256")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def check_result(name: str, data: bytes) -> Result:
-    """A result file as received: parse it and check its name, metrics and provenance."""
-    d = json.loads(data)
-    config = Config.from_dict(d["config"])
+    """A result file as received: parse it and check it like input. Its config must be valid, its
+    file name and ``meta.config_key`` must be its config's key, every round recorded in order, every
+    metric in its range (an accuracy in [0, 1]; a non-finite loss only in a run marked
+    ``diverged``, or a training loss in a round without clients), its provenance present."""
+    try:
+        d = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidResult(f"{name}: not JSON ({e})") from None
+    if not isinstance(d, dict) or not isinstance(d.get("config"), dict) or not isinstance(
+            d.get("history"), list) or not isinstance(d.get("meta"), dict):
+        raise InvalidResult(f"{name}: not a result (an object with config, history and meta)")
+    try:
+        config = Config.from_dict(d["config"]).validate()
+    except (ConfigError, TypeError) as e:
+        raise InvalidResult(f"{name}: invalid config: {' '.join(str(e).split())}") from None
     expected = f"{config.algorithm}-{config.key()}.json"
-    if name != expected or d["meta"].get("config_key") != config.key():
+    meta = d["meta"]
+    if name != expected or meta.get("config_key") != config.key():
         raise InvalidResult(f"{name}: its config's key says {expected}")
-    for h in d["history"]:
-        for k in ("test_acc", "test_loss"):
-            v = h.get(k)
-            if v is not None and not math.isfinite(v) and k == "test_acc":
-                raise InvalidResult(f"{name}: {k} is not finite in round {h.get('round')}")
-    if len(d["history"]) != config.rounds:
-        raise InvalidResult(f"{name}: {len(d['history'])} rounds recorded, the config has {config.rounds}")
-    for k in ("device", "git_commit", "torch", "seed", "duration_s"):
-        if k not in d["meta"]:
+    for k in PROVENANCE:
+        if k not in meta:
             raise InvalidResult(f"{name}: provenance lacks {k!r}")
-    return Result(config, d["history"], d["meta"])
+    if meta.get("content_sha256") != content_hash(d):
+        raise InvalidResult(f"{name}: its content hash does not match what it holds")
+    history = d["history"]
+    if len(history) != config.rounds:
+        raise InvalidResult(f"{name}: {len(history)} rounds recorded, the config has {config.rounds}")
+    diverged = bool(meta.get("diverged", False))
+    for i, h in enumerate(history):
+        if not isinstance(h, dict) or h.get("round") != i + 1:
+            raise InvalidResult(f"{name}: round {i + 1} is missing or out of order")
+        for k, v in h.items():
+            if v is None:
+                continue
+            if not _is_number(v):
+                raise InvalidResult(f"{name}: {k} = {v!r} in round {i + 1} is not a number")
+            where = f"{name}: {k} = {v} in round {i + 1}"
+            if k in UNIT_METRICS and not 0 <= v <= 1:
+                raise InvalidResult(f"{where} is outside [0, 1]")
+            if k in NONNEGATIVE and not v >= 0:
+                raise InvalidResult(f"{where} is negative or not a number")
+            if k.startswith("epsilon") and not v >= 0:  # inf is a valid epsilon (no guarantee)
+                raise InvalidResult(f"{where} is not an epsilon")
+            if k in ("test_loss", "train_loss") and not math.isfinite(v):
+                no_clients = k == "train_loss" and h.get("clients") == 0
+                if not (diverged or no_clients):
+                    raise InvalidResult(f"{where} is not finite and the run is not marked diverged")
+            elif k in ("test_loss", "train_loss") and v < 0:
+                raise InvalidResult(f"{where} is negative")
+    if history[-1].get("test_acc") is None:
+        raise InvalidResult(f"{name}: the last round has no test accuracy")
+    return Result(config, history, meta)
+
+
+def check_audit(name: str, data: bytes) -> dict:
+    """A membership-audit file as received: two lists of finite, non-negative losses."""
+    try:
+        d = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidResult(f"{name}: not JSON ({e})") from None
+    if not isinstance(d, dict) or set(d) != {"members", "nonmembers"}:
+        raise InvalidResult(f"{name}: not an audit file (members and nonmembers)")
+    for k, v in d.items():
+        if not isinstance(v, list) or not v or not all(
+                _is_number(x) and math.isfinite(x) and x >= 0 for x in v):
+            raise InvalidResult(f"{name}: {k} is not a list of finite, non-negative losses")
+    return d
+
+
+def _read_archive(a: Path) -> list[tuple[str, bytes]]:
+    if not a.is_file():
+        raise InvalidResult(f"{a}: no such archive")
+    try:
+        with tarfile.open(a, "r:gz") as tar:
+            out = []
+            for m in tar.getmembers():
+                parts = m.name.split("/")
+                ok_name = (len(parts) == 1 or (len(parts) == 2 and parts[0] == "audits")) and \
+                    m.name.endswith(".json") and ".." not in parts and not m.name.startswith("/")
+                if not m.isfile() or not ok_name:
+                    raise InvalidResult(f"{a.name}: unexpected member {m.name!r}")
+                out.append((m.name, tar.extractfile(m).read()))
+            return out
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
+        raise InvalidResult(f"{a.name}: not a gzipped tar archive ({e})") from None
 
 
 def unpack(archives: list[Path], root: Path | None = None) -> dict[str, list[str]]:
-    """Add the result files of ``archives`` to ``root`` after checking each (see :func:`check_result`);
-    every file is checked before any is written."""
+    """Add the result (and audit) files of ``archives`` to ``root`` after checking each
+    (:func:`check_result`, :func:`check_audit`); every file is checked before any is written, and a
+    name that comes twice, or that is already there with other content, is refused."""
     root = Path(root or results_dir())
-    accepted: list[tuple[str, Result]] = []
+    members: dict[str, bytes] = {}
     for a in archives:
-        with tarfile.open(a, "r:gz") as tar:
-            for m in tar.getmembers():
-                if not m.isfile() or "/" in m.name or not m.name.endswith(".json"):
-                    raise InvalidResult(f"{a.name}: unexpected member {m.name!r}")
-                accepted.append((m.name, check_result(m.name, tar.extractfile(m).read())))
+        for name, data in _read_archive(a):
+            if name in members:
+                raise InvalidResult(f"{a.name}: {name} comes twice in the archives")
+            members[name] = data
+    results = {n: check_result(n, data) for n, data in members.items() if "/" not in n}
+    for n, data in members.items():
+        if "/" in n:
+            check_audit(n, data)
+            base = n.split("/", 1)[1]
+            if base not in results and not (root / base).exists():
+                raise InvalidResult(f"{n}: no result {base} in the archives or in {root}")
     added, present = [], []
-    for name, result in accepted:
+    for name, data in members.items():
         target = root / name
         if target.exists():
+            old = target.read_bytes()
+            if old != data and json.loads(old) != json.loads(data):
+                raise InvalidResult(f"{name}: {target} exists with other content (nothing was added)")
             present.append(name)
+    for name, data in members.items():
+        if name in present:
             continue
-        result.save(target)
+        atomic_write_bytes(root / name, data)  # the bytes as checked
         added.append(name)
     return {"added": added, "already present": present}
+
+
+# ---- the command line ---------------------------------------------------------------------------------
+def _print_plan(args) -> None:
+    rows = plan(args.profile, kind=args.device_kind, pages=args.pages, n_seeds=args.seeds)
+    width = max(len(r["page"]) for r in rows)
+    print(f"{'page':<{width}}  needed  present  missing  estimate (min)")
+    for row in rows:
+        est = "-" if math.isnan(row["estimate_min"]) else f"{row['estimate_min']:.1f}"
+        counts = f"{row['needed']:6d}  {row['present']:7d}  {row['missing']:7d}"
+        print(f"{row['page']:<{width}}  {counts}  {est}")
+    kind = args.device_kind or device_kind()
+    claims = claim_plan(args.profile, kind=kind, pages=args.pages, n_seeds=args.seeds)
+    open_ = [r for r in claims if r["step"] > 0]
+    print(f"\nclaims, in training order ({kind}; a step's estimate covers every claim it settles):")
+    print(f"{'step':>4}  {'page':<20} {'missing':>7}  {'min':>7}  claim")
+    for r in open_:
+        est = "with the above" if r["estimate_min"] is None else (
+            "-" if math.isnan(r["estimate_min"]) else f"{r['estimate_min']:.1f}")
+        claim = r["claim"] if len(r["claim"]) <= 70 else r["claim"][:67] + "..."
+        print(f"{r['step']:>4}  {r['page']:<20} {r['missing']:>7}  {est:>7}  {claim}")
+    settled, total = sum(1 for r in claims if r["step"] == 0), sum(1 for r in claims if r["claim"])
+    print(f"claims already settled by the results present: {settled} of {total}")
+    per_page = needed(args.profile, args.pages, args.seeds)
+    bad = invalid(per_page)
+    for path, reason in bad:
+        print(f"invalid (counted as missing; training sets it aside): {path.name}: {reason}")
+    distinct = missing(per_page)
+    print(f"missing configurations (distinct, all pages): {len(distinct)}")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fedlib.tools.campaign",
                                 description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    pl = sub.add_parser("plan", help="what each page needs at a profile, what is missing, its estimated time")
-    pl.add_argument("--profile", default="paper", choices=["smoke", "quick", "paper"])
+    pl = sub.add_parser("plan", help="what each page and claim needs at a profile, its estimated time")
+    r = sub.add_parser("run", help="train what is missing within a time budget, claims first")
+    for q in (pl, r):
+        q.add_argument("--profile", default="paper", choices=["smoke", "quick", "paper"])
+        q.add_argument("--pages", nargs="+", metavar="PATTERN", help="only these pages (globs: 'dpfl_*')")
+        q.add_argument("--seeds", type=int, default=None, help="seeds per run (default: the profile's)")
     pl.add_argument("--device-kind", choices=["cpu", "cuda"], default=None)
-    r = sub.add_parser("run", help="train what is missing within a time budget")
-    r.add_argument("--profile", default="paper", choices=["smoke", "quick", "paper"])
     r.add_argument("--budget-min", type=float, required=True)
     r.add_argument("--engine", default="auto")
     r.add_argument("--max-batch", type=int, default=8, help="runs trained together at most")
@@ -239,32 +536,32 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("archives", nargs="+", type=Path)
     args = p.parse_args(argv)
 
-    if args.command == "plan":
-        rows = plan(args.profile, kind=args.device_kind)
-        width = max(len(r["page"]) for r in rows)
-        print(f"{'page':<{width}}  needed  present  missing  estimate (min)")
-        for row in rows:
-            est = "-" if math.isnan(row["estimate_min"]) else f"{row['estimate_min']:.1f}"
-            counts = f"{row['needed']:6d}  {row['present']:7d}  {row['missing']:7d}"
-            print(f"{row['page']:<{width}}  {counts}  {est}")
-        distinct = missing(needed(args.profile))
-        print(f"missing configurations (distinct, all pages): {len(distinct)}")
-        return 0
-    if args.command == "run":
-        if args.budget_min <= 0:
-            p.error("--budget-min must be > 0")
-        print(json.dumps(run(args.profile, args.budget_min, engine=args.engine, max_batch=args.max_batch)))
-        return 0
-    if args.command == "pack":
-        files = untracked_results()
-        archives = pack(files, args.out)
-        print(json.dumps({"files": len(files), "archives": [str(a) for a in archives]}))
-        return 0
     try:
+        if args.command in ("plan", "run") and args.seeds is not None and args.seeds < 1:
+            p.error("--seeds must be >= 1")
+        if args.command == "plan":
+            _print_plan(args)
+            return 0
+        if args.command == "run":
+            if not args.budget_min > 0:
+                p.error("--budget-min must be > 0")
+            if args.max_batch < 1:
+                p.error("--max-batch must be >= 1")
+            print(json.dumps(run(args.profile, args.budget_min, engine=args.engine, max_batch=args.max_batch,
+                                 pages=args.pages, n_seeds=args.seeds)))
+            return 0
+        if args.command == "pack":
+            files = untracked_results()
+            archives = pack(files, args.out)
+            print(json.dumps({"files": len(files), "archives": [str(a) for a in archives]}))
+            return 0
         report = unpack(args.archives)
-    except (InvalidResult, KeyError, json.JSONDecodeError) as e:
+    except InvalidResult as e:
         print(f"error: {e} (nothing was added)", file=sys.stderr)
         return 1
+    except ConfigError as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     print(json.dumps({k: len(v) for k, v in report.items()}))
     return 0
 
@@ -273,4 +570,5 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["check_result", "groups", "missing", "needed", "pack", "plan", "run", "unpack"]
+__all__ = ["check_audit", "check_result", "claim_plan", "groups", "missing", "needed", "order", "pack",
+           "plan", "run", "unpack"]

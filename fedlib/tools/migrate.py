@@ -6,7 +6,10 @@ A version bump changes every cache key. For each result file written under an ea
 the rule of each later version says whether the code change left that result as it was: if so,
 the file (and its model, audit and checkpoint files) is renamed to the new key and its
 ``meta.config_key`` rewritten (``meta.migrated_from`` keeps the old key); if not, it is removed,
-and the next ``make book`` recomputes it. Files already at the current version are untouched.
+and the next ``make book`` recomputes it. Files already at the current version are untouched, except
+that one written before results carried a content hash gets it (``meta.content_sha256``, which
+:meth:`fedlib.results.Result.load` checks): a format change, never a retraining. A file whose hash
+is there but does not match its content is reported (``unknown``), not blessed.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedlib.config import NOISE_KEY_VERSION, RESULTS_VERSION, Config
-from fedlib.results import atomic_write_bytes, results_dir
+from fedlib.results import atomic_write_bytes, content_hash, diverged, results_dir
 
 #: Fields that a version removed, with their default before it (to recompute old keys).
 REMOVED_FIELDS: dict[int, dict] = {3: {"dp_epsilon": 1.0, "ldp_epsilon": 0.5}}
@@ -35,13 +38,13 @@ def _draws_privacy_noise(d: dict) -> bool:
             or (alg == "dp_fedavg" and (_get(d, "dp_noise_multiplier") > 0 or _get(d, "adaptive_clip"))))
 
 
-def _v2_keep_noise_free(d: dict, meta: dict, written: int) -> dict | None:
+def _v2_keep_noise_free(d: dict, result: dict, written: int) -> dict | None:
     """Version 2 changed the privacy noise (floating-point-safe, keyed on the config; MOON-DPAP's
     central noise at replace-one sensitivity) and nothing else: results that draw none are kept."""
     return None if _draws_privacy_noise(d) else d
 
 
-def _v3_rename_budgets(d: dict, meta: dict, written: int) -> dict:
+def _v3_rename_budgets(d: dict, result: dict, written: int) -> dict:
     """Version 3 renamed the privacy budgets so that each name has one meaning (results unchanged):
     ``dp_epsilon`` -> ``dp_epsilon_per_round`` (schedule paper) or ``dp_epsilon_total``
     (constant); ``ldp_epsilon`` -> the local-DP algorithm's own ``*_epsilon_per_*``."""
@@ -59,7 +62,7 @@ def _v3_rename_budgets(d: dict, meta: dict, written: int) -> dict:
     return d
 
 
-def _v4_keep_unchanged_draws(d: dict, meta: dict, written: int) -> dict | None:
+def _v4_keep_unchanged_draws(d: dict, result: dict, written: int) -> dict | None:
     """Version 4 moved the local randomisers into the clients, each with its own generator keyed on
     (config, round, client): LDP-FL, SignDS-FL and FDL draw anew (MOON-DPAP's local noise was
     already keyed per client: unchanged). It keyed DP-FedAvg's Poisson client sample on the whole
@@ -72,15 +75,28 @@ def _v4_keep_unchanged_draws(d: dict, meta: dict, written: int) -> dict | None:
         return None
     if d["algorithm"] == "dp_fedavg" and _get(d, "client_fraction") < 1:
         return None
-    if _draws_privacy_noise(d) and (written < NOISE_KEY_VERSION or "migrated_from" in meta):
+    if _draws_privacy_noise(d) and (written < NOISE_KEY_VERSION or "migrated_from" in result["meta"]):
         return None
     return d
 
 
-#: version -> step from the previous version: (config dict, meta, the version the file was written
-#: under) -> the new config dict, or None (result not valid).
-STEPS: dict[int, Callable[[dict, dict, int], dict | None]] = {2: _v2_keep_noise_free, 3: _v3_rename_budgets,
-                                                   4: _v4_keep_unchanged_draws}
+def _v5_keep_finite_private_runs(d: dict, result: dict, written: int) -> dict | None:
+    """Version 5 zeroes a non-finite update (or per-sample gradient) before it is clipped or
+    randomised: runs that clip or randomise (DP-FedAvg even without noise) and never produced one
+    are unchanged. A run whose
+    losses went non-finite may have (its uploads were garbage before), so it is recomputed."""
+    clips = d["algorithm"] in ("dp_fedavg", "ldp_fl", "signds_fl", "fdl") or (
+        d["algorithm"] == "moon_dpap" and _get(d, "dp") != "none")
+    if clips and diverged(result["history"]):
+        return None
+    return d
+
+
+#: version -> step from the previous version: (config dict, the whole result file as a dict, the
+#: version the file was written under) -> the new config dict, or None (result not valid).
+STEPS: dict[int, Callable[[dict, dict, int], dict | None]] = {
+    2: _v2_keep_noise_free, 3: _v3_rename_budgets, 4: _v4_keep_unchanged_draws,
+    5: _v5_keep_finite_private_runs}
 
 
 def key_under(d: dict, version: int) -> str:
@@ -116,20 +132,28 @@ def _companions(root: Path, algorithm: str, key: str, new: str | None) -> list[t
 def migrate(root: Path | None = None, dry_run: bool = False) -> dict[str, list[str]]:
     """Migrate every result under ``root``; returns the file names kept, removed, current, unknown."""
     root = Path(root or results_dir())
-    report: dict[str, list[str]] = {"kept": [], "removed": [], "current": [], "unknown": []}
+    report: dict[str, list[str]] = {"kept": [], "removed": [], "current": [], "hashed": [], "unknown": []}
     for path in sorted(root.glob("*.json")):
         d = json.loads(path.read_text())
         old = d["meta"].get("config_key") or path.stem.split("-")[-1]
         version = written_under(d["config"], old)
         if version == RESULTS_VERSION:
-            report["current"].append(path.name)
+            if "content_sha256" not in d["meta"]:
+                d["meta"]["content_sha256"] = content_hash(d)
+                if not dry_run:
+                    atomic_write_bytes(path, json.dumps(d, indent=1).encode())
+                report["hashed"].append(path.name)
+            elif d["meta"]["content_sha256"] != content_hash(d):
+                report["unknown"].append(path.name)
+            else:
+                report["current"].append(path.name)
             continue
         if version is None:
             report["unknown"].append(path.name)
             continue
         config_dict: dict | None = d["config"]
         for v in range(version + 1, RESULTS_VERSION + 1):
-            config_dict = STEPS[v](config_dict, d["meta"], version) if config_dict is not None else None
+            config_dict = STEPS[v](config_dict, d, version) if config_dict is not None else None
         if config_dict is None:
             report["removed"].append(path.name)
             if not dry_run:
@@ -145,6 +169,7 @@ def migrate(root: Path | None = None, dry_run: bool = False) -> dict[str, list[s
         d["meta"]["config_key"] = config.key()
         d["meta"]["migrated_from"] = old
         target = root / f"{config.algorithm}-{config.key()}.json"
+        d["meta"]["content_sha256"] = content_hash(d)
         atomic_write_bytes(target, json.dumps(d, indent=1).encode())
         if target != path:
             path.unlink()

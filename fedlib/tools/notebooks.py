@@ -1,6 +1,6 @@
 """Execute the parameterized notebooks with papermill.
 
-``python -m fedlib.tools.notebooks --into-book --profile quick`` (what ``make book`` runs) executes
+``python -m fedlib.tools.notebooks --into-book --profile auto`` (what ``make book`` runs) executes
 every ``notebooks/*.ipynb`` (the cell tagged ``parameters`` receives ``profile`` and any
 ``-p NAME VALUE``) into ``book/chapters/``, where Jupyter Book renders them; the pages then write
 their results, verdicts and audits where the book reads them (``data/``), and each page's cost is
@@ -12,12 +12,18 @@ changes. One notebook by hand does the same::
 
     .venv/bin/papermill notebooks/fedavg.ipynb /tmp/out.ipynb -p profile quick -p seed 1
 
+``--profile auto`` renders each page at the largest profile whose results are complete: a page that
+trains at ``paper`` when every configuration it needs there has a result (the campaign trained
+them), a study's other pages at ``paper`` when all of that study's training pages are, everything
+else at ``quick``. A page rendered at ``paper`` on a machine without a GPU is built from committed
+results only (``FEDLIB_FORBID_TRAINING=1``): a missing result is an error, never a paper-scale run
+on a CPU. ``--profile quick`` (or any other) renders every page at that profile.
+
 ``--list-parameters`` prints every notebook's parameters with their defaults and comments.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import os
@@ -39,6 +45,35 @@ def ordered(sources: list[Path]) -> list[Path]:
     rest = sorted(s for s in sources if s.stem not in SUMMARY_PAGES)
     last = [s for name in SUMMARY_PAGES for s in sources if s.stem == name]
     return rest + last
+
+
+def paper_complete_pages(root: Path | None = None) -> set[str]:
+    """The training pages (``studies.pages()``) whose every ``paper`` configuration has a result."""
+    from fedlib.results import result_path
+    from studies import configs
+
+    return {page for page, cs in configs("paper").items()
+            if all(result_path(c, root).exists() for c in cs)}
+
+
+def auto_profiles(stems: list[str], root: Path | None = None) -> dict[str, str]:
+    """The profile ``--profile auto`` renders each notebook at (see the module's docstring)."""
+    from studies import STUDIES, page_study, pages
+
+    training = set(pages())
+    complete = paper_complete_pages(root)
+    studies_done = {s for s in STUDIES
+                    if all(p in complete for p in training if page_study(p) == s)}
+    out = {}
+    for stem in stems:
+        study = next((s for s in STUDIES if stem.startswith(s + "_")), None)
+        if stem in training:
+            out[stem] = "paper" if stem in complete else "quick"
+        elif study is not None and study in studies_done:
+            out[stem] = "paper"
+        else:
+            out[stem] = "quick"
+    return out
 
 
 def timings_dir() -> Path:
@@ -112,8 +147,13 @@ def execute(src: Path, dst: Path, parameters: dict, kernel: str = "python3") -> 
 
 def execute_timed(src: Path, dst: Path, parameters: dict, into_book: bool = True) -> float:
     """:func:`execute`, with the pages writing into the book (``into_book``) or to scratch; in
-    the book, what the page cost is recorded (:func:`record_timing`). Returns seconds."""
-    env = {"FEDLIB_INTO_BOOK": "1" if into_book else "0"}
+    the book, what the page cost is recorded (:func:`record_timing`). Returns seconds. At
+    ``paper`` without a GPU, the page may only read results (``FEDLIB_FORBID_TRAINING``)."""
+    import torch
+
+    env = {"FEDLIB_INTO_BOOK": "1" if into_book else "0",
+           "FEDLIB_FORBID_TRAINING": "1" if parameters.get("profile") == "paper"
+           and not torch.cuda.is_available() else "0"}
     log = None
     if into_book:
         timings_dir().mkdir(parents=True, exist_ok=True)
@@ -145,9 +185,12 @@ def _value(text: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedlib.tools.notebooks",
-                                description="execute the study's notebooks (papermill)")
-    p.add_argument("--profile", default="quick", choices=["smoke", "quick", "paper"])
+    from fedlib.__main__ import OneLineParser
+
+    p = OneLineParser(prog="python -m fedlib.tools.notebooks",
+                      description="execute the study's notebooks (papermill)")
+    p.add_argument("--profile", default="quick", choices=["auto", "smoke", "quick", "paper"],
+                   help="auto: each page at the largest profile whose results are complete")
     p.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
     p.add_argument("--only", nargs="*", help="notebook stems to run (default: all)")
     p.add_argument("--into-book", action="store_true",
@@ -167,9 +210,23 @@ def main(argv: list[str] | None = None) -> int:
             for prm in parameters_of(src):
                 print(f"  {prm['name']} = {prm['default']}    # {prm['meaning']}")
         return 0
-    params = {"profile": args.profile, **{k: _value(v) for k, v in args.parameter}}
+    extra = {k: _value(v) for k, v in args.parameter}
+    known = {s.stem: {prm["name"] for prm in parameters_of(s)} for s in sources}
+    unknown = sorted(k for k in extra if not any(k in names for names in known.values()))
+    if unknown:
+        p.error(f"no notebook run here has the parameter(s) {unknown}")
+    from studies.common import ParameterError, check_parameters
+
+    try:  # every value against its rule, before any notebook runs
+        check_parameters(**extra)
+    except ParameterError as e:
+        p.error(str(e))
+    profiles = (auto_profiles([s.stem for s in sources]) if args.profile == "auto"
+                else {s.stem: args.profile for s in sources})
     out = args.out or (CHAPTERS if args.into_book else scratch_chapters())
     for src in sources:
+        params = {"profile": profiles[src.stem], **extra}
+        params = {k: v for k, v in params.items() if k == "profile" or k in known[src.stem]}
         print(f"executing {src.name} ({params}) -> {out} ...", flush=True)
         wall = execute_timed(src, out / src.name, params, into_book=args.into_book)
         print(f"  done in {wall:.0f} s", flush=True)

@@ -26,8 +26,8 @@ from fedlib.config import Config
 from fedlib.privacy.accounting import epsilon_of_gaussian_rounds, rdp_epsilon
 from fedlib.results import atomic_write_bytes
 from fedlib.run import Experiment, load_model
-from studies.common import ConfigSet, Runs, read_roots, run_all, seeds_for, write_root
-from studies.dpfl.settings import EPSILONS, MIA_EPSILONS, SCALES, config_for, mia_config
+from studies.common import ConfigSet, Needs, Runs, read_roots, run_all, seeds_for, write_root
+from studies.dpfl.settings import ARTICLE, EPSILONS, MIA_EPSILONS, SCALES, config_for, mia_config
 
 
 def _seeds(profile: str, n_seeds: int | None) -> list[int]:
@@ -163,23 +163,37 @@ class AuditRow:
     accuracy: float
 
 
+def audit_name(config: Config) -> str:
+    """Where a config's membership-audit losses live, relative to a results folder."""
+    return f"audits/{config.algorithm}-{config.key()}.json"
+
+
+def save_audit_losses(result, root) -> None:
+    """Compute and store (under ``root``) the per-sample losses of ``result``'s final model on its
+    training images (members) and on as many held-out test images (non-members). Needs the model
+    file, which stays on the machine that trained (git-ignored): the campaign calls this right
+    after training, so the committed audit file is all a page needs."""
+    model, params = load_model(result, result.path.parent)
+    data = Experiment(result.config, torch.device("cpu")).data
+    members = per_sample_losses(model, params, data.x_train, data.y_train)
+    nonmembers = per_sample_losses(model, params, data.x_test, data.y_test)
+    payload = {"members": [float(v) for v in members], "nonmembers": [float(v) for v in nonmembers]}
+    atomic_write_bytes(root / audit_name(result.config), json.dumps(payload).encode())
+
+
 def audit_losses(config: Config) -> tuple[np.ndarray, np.ndarray]:
     """Per-sample losses of the final global model on its training images (members) and on
     as many held-out test images (non-members); cached beside the results, so the audit can
     be redone without the model file."""
-    name = f"audits/{config.algorithm}-{config.key()}.json"
+    name = audit_name(config)
     for root in (*read_roots(), write_root()):
         if (root / name).exists():
             d = json.loads((root / name).read_text())
             return np.array(d["members"]), np.array(d["nonmembers"])
     result = run_all({0: [config]}).results[0][0]
-    model, params = load_model(result, result.path.parent)
-    data = Experiment(config, torch.device("cpu")).data
-    members = per_sample_losses(model, params, data.x_train, data.y_train)
-    nonmembers = per_sample_losses(model, params, data.x_test, data.y_test)
-    payload = {"members": [float(v) for v in members], "nonmembers": [float(v) for v in nonmembers]}
-    atomic_write_bytes(write_root() / name, json.dumps(payload).encode())
-    return members, nonmembers
+    save_audit_losses(result, write_root())
+    d = json.loads((write_root() / name).read_text())
+    return np.array(d["members"]), np.array(d["nonmembers"])
 
 
 def membership_audit(config: Config) -> AuditRow:
@@ -331,4 +345,15 @@ PAGES = {
     "dpfl_claim2": clip_sweep,
     "dpfl_claim3": mia,
     "dpfl_teaching": teaching,
+}
+
+#: page -> what the campaign computes from each freshly trained result of that page (``(result,
+#: results folder)``), while the model file is still on the machine that trained it.
+AFTER_TRAINING = {"dpfl_claim3": save_audit_losses}
+
+#: page -> the claims its runs decide (the setting and the teaching page only show).
+CLAIMS = {
+    "dpfl_claim1": lambda cs: [Needs(ARTICLE["claim1"], tuple(cs))],
+    "dpfl_claim2": lambda cs: [Needs(ARTICLE["claim2"] + " (against the median fixed C)", tuple(cs))],
+    "dpfl_claim3": lambda cs: [Needs(ARTICLE["claim3"], tuple(cs))],
 }

@@ -10,7 +10,7 @@ import pandas as pd
 
 from fedlib.models import build_model, count_parameters
 from fedlib.privacy.local import fdl_published_epsilon, ldp_fl_epsilon
-from studies.common import ConfigSet, Runs, fmt, seeds_for
+from studies.common import ConfigSet, Needs, Runs, fmt, seeds_for
 from studies.fdl.settings import EPSILONS, PAPER, R_VALUES, SCALES, config_for
 
 PRIVATE = ("ldp_fl", "signds_fl", "fdl", "fdl_corrected")
@@ -48,6 +48,42 @@ def table1(profile: str, n_seeds: int | None = None) -> ConfigSet:
 
 #: page (notebook stem) -> the configurations it runs, with the page's default parameters.
 PAGES = {"fdl_table1": table1, "fdl_fig3": sweep, "fdl_fig4": fig4}
+
+
+# ---- which runs decide which claim (studies.fdl.claims records them) --------------------------------
+def _table1_needs(cs: ConfigSet) -> list[Needs]:
+    return [
+        Needs(r"accuracy peaks at $r$ = 0.010", tuple(cs)),
+        Needs(r"94.83 % accuracy at $r$ = 0.010", (0.010,)),
+        Needs("FDL saves at least 60 % of the communication cost", tuple(cs)),
+    ]
+
+
+def _fig3_needs(cs: ConfigSet) -> list[Needs]:
+    """Only the largest and smallest budgets decide the claims; the grid between them draws the curves."""
+    eps = sorted({k[2] for k in cs if math.isfinite(k[2])})
+    top, low = eps[-1], eps[0]
+    out = [
+        Needs(f"FDL is the best private method as $\\epsilon$ grows ({part})",
+              tuple((m, part, top) for m in ("ldp_fl", "signds_fl", "fdl")) + (("fdl", part, low),))
+        for part in ("iid", "noniid")
+    ]
+    out.append(Needs(r"FDL keeps its accuracy under a valid $\epsilon$-LDP guarantee (corrected FDL, IID)",
+                     (("fdl_corrected", "iid", top), ("fdl", "iid", top))))
+    return out
+
+
+def _fig4_needs(cs: ConfigSet) -> list[Needs]:
+    fdl = tuple(k for k in cs if k[0] == "fdl")
+    return [
+        Needs("IID: FDL converges within 50 rounds (last 5 rounds change less than 1 point)",
+              tuple(k for k in fdl if k[1] == "iid")),
+        Needs("non-IID is more sensitive to the number of rounds than IID", fdl),
+    ]
+
+
+#: page -> the claims its runs decide.
+CLAIMS = {"fdl_table1": _table1_needs, "fdl_fig3": _fig3_needs, "fdl_fig4": _fig4_needs}
 
 
 # ---- tables -----------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pandas as pd
 
 from fedlib.algorithms.moon_dpap import noise_multipliers, total_epsilon
 from fedlib.config import Config
-from studies.common import ConfigSet, Runs, seeds_for
+from studies.common import ConfigSet, Needs, Runs, seeds_for
 from studies.moon_dpap.settings import ABLATIONS, FIG1_METHODS, SCALES, TABLE1_METHODS, config_for
 
 #: The DP setting of Fig. 2 (our choices: the paper gives none).
@@ -184,6 +184,52 @@ PAGES = {
     "moon_dpap_table2": table2,
     "moon_dpap_frontier": frontier,
     "moon_dpap_alpha": alpha,
+}
+
+
+# ---- which runs decide which claim (studies.moon_dpap.claims records them) ----------------------------
+def _fig1_needs(cs: ConfigSet) -> list[Needs]:
+    every = tuple(cs)
+    return [
+        Needs("MOON-DPAP reaches 83.6 % accuracy (loss 0.44)", ("moon_dpap",)),
+        Needs("MOON-DPAP is the best of the six methods", every),
+        Needs("MOON-DPAP is 4.7 points above FedAvg", ("moon_dpap", "fedavg")),
+        Needs("MOON is close to FedAvg", ("moon", "fedavg")),
+        Needs("SCAFFOLD is much lower than the others (5+ points below their mean)", every),
+    ]
+
+
+def _fig2_needs(cs: ConfigSet) -> list[Needs]:
+    dp = "moon_dpap (DP, eq. 5 schedule)"
+    grid = {r: tuple(k for k in cs if isinstance(k, tuple) and k[0] == r) for r in ("client", "record")}
+    return [
+        Needs("with DP MOON-DPAP ends at 77 % accuracy (loss 0.71)", (dp,)),
+        Needs("77 % under DP at a meaningful epsilon (<= 10), if the DP is client-level", grid["client"]),
+        Needs("77 % under DP at a meaningful epsilon (<= 10), if the DP is record-level", grid["record"]),
+        Needs("DP costs about 6.6 points (83.6 → 77 %)", ("moon_dpap", dp)),
+    ]
+
+
+def _table1_needs(cs: ConfigSet) -> list[Needs]:
+    return [
+        Needs("every method is more accurate with 10 clients than with 20", tuple(cs)),
+        Needs("MOON-DPAP is the best method with 10 and with 20 clients", tuple(cs)),
+        Needs("Table 1's accuracies at 20 clients (40-59 %)", tuple(k for k in cs if k.endswith("|20"))),
+    ]
+
+
+def _table2_needs(cs: ConfigSet) -> list[Needs]:
+    return [Needs(text, tuple(cs)) for text in (
+        "the full method is the most accurate variant", "removing any one component lowers accuracy",
+        "removing all three is the worst variant", "Table 2's accuracies (78.8-83.7 %)")]
+
+
+#: page -> the claims its runs decide (pages without one, the frontier and alpha, only show).
+CLAIMS = {
+    "moon_dpap_fig1": _fig1_needs,
+    "moon_dpap_fig2": _fig2_needs,
+    "moon_dpap_table1": _table1_needs,
+    "moon_dpap_table2": _table2_needs,
 }
 
 

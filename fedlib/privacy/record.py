@@ -1,0 +1,130 @@
+"""What each privacy mechanism actually did, recorded by the mechanism itself.
+
+A mechanism (:func:`fedlib.privacy.central.noisy_sum`, :func:`~fedlib.privacy.central.noisy_count`,
+the local randomisers of :mod:`fedlib.privacy.local`, record-level DP-SGD's step noise) notes one
+:class:`Release` per call, computed from the parameters it used and the inputs it checked (the
+noise it drew against the sensitivity it verified), not from the configuration. The run's
+accountant is fed these records (:meth:`fedlib.run.Experiment.aggregate`), and each round they are
+compared with what the algorithm promises for its configuration (``Algorithm.privacy_event``): a
+call site that adds half the noise, spends a per-draw budget k times, or skips a mechanism makes
+the two disagree, and the run stops with :class:`PrivacyMismatch` instead of publishing a false
+epsilon.
+
+Records are collected per thread of work with :func:`recording` (a context variable): the server's
+step on the host, each client's release where the client runs (a worker process, a Flower node);
+a client's records travel back with its metrics as two numbers (:func:`client_summary`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Release:
+    """One mechanism call. Gaussian: ``noise_multiplier`` = noise std / the L2 sensitivity the
+    mechanism verified. Pure: ``epsilon`` spent by each unit (a client's row) of the call."""
+
+    mechanism: str
+    noise_multiplier: float | None = None
+    epsilon: float | None = None
+
+    def __post_init__(self):
+        if (self.noise_multiplier is None) == (self.epsilon is None):
+            raise ValueError("a release is Gaussian (noise_multiplier) or pure (epsilon), not both")
+
+
+class PrivacyMismatch(RuntimeError):
+    """What the mechanisms released does not match what the configuration promises."""
+
+
+class SensitivityError(ValueError):
+    """An input that breaks the bound a mechanism's noise is calibrated for (an unclipped update,
+    a value outside its range, a sensitivity stated below what the inputs can change)."""
+
+
+_LOG: ContextVar[list[Release] | None] = ContextVar("fedlib_privacy_log", default=None)
+
+
+@contextmanager
+def recording() -> Iterator[list[Release]]:
+    """Collect the releases made inside the ``with`` block (nested blocks collect their own)."""
+    log: list[Release] = []
+    token = _LOG.set(log)
+    try:
+        yield log
+    finally:
+        _LOG.reset(token)
+
+
+def note(release: Release) -> None:
+    """Record ``release`` in the innermost :func:`recording` block, if any (tests of a mechanism
+    alone run outside one)."""
+    log = _LOG.get()
+    if log is not None:
+        log.append(release)
+
+
+def combined_multiplier(records: list[Release]) -> float | None:
+    """The one Gaussian multiplier equivalent to all Gaussian ``records`` of one unit's round (RDP
+    of Gaussians adds: ``z^-2 = sum_i z_i^-2``); None without any. A zero multiplier (no noise)
+    gives 0."""
+    zs = [r.noise_multiplier for r in records if r.noise_multiplier is not None]
+    if not zs:
+        return None
+    if any(z <= 0 for z in zs):
+        return 0.0
+    return sum(z**-2 for z in zs) ** -0.5
+
+
+def total_epsilon(records: list[Release]) -> float | None:
+    """The pure epsilon of all pure ``records`` of one unit's round (basic composition); None
+    without any."""
+    eps = [r.epsilon for r in records if r.epsilon is not None]
+    return sum(eps) if eps else None
+
+
+def client_summary(records: list[Release]) -> dict[str, float]:
+    """A client's release records as statistics that travel with its metrics."""
+    out = {}
+    z, eps = combined_multiplier(records), total_epsilon(records)
+    if z is not None:
+        out["privacy_z"] = z
+    if eps is not None:
+        out["privacy_epsilon"] = eps
+    return out
+
+
+def check(declared, recorded_z: float | None, recorded_eps: float | None, where: str) -> None:
+    """Raise :class:`PrivacyMismatch` unless the records back the ``declared`` event: a Gaussian
+    event needs records whose combined multiplier is at least the declared one (more noise is
+    safe), a pure event needs records whose epsilon is at most the declared one."""
+    from fedlib.privacy.guarantee import GaussianEvent
+
+    if declared is None:
+        return
+    rel = 1e-9
+    if isinstance(declared, GaussianEvent):
+        if recorded_z is None:
+            raise PrivacyMismatch(f"{where}: the configuration promises Gaussian noise of multiplier "
+                                  f"{declared.noise_multiplier:.6g}, but no mechanism released any")
+        if recorded_z < declared.noise_multiplier * (1 - rel):
+            raise PrivacyMismatch(f"{where}: the mechanisms released noise of multiplier {recorded_z:.6g}, "
+                                  f"the configuration promises {declared.noise_multiplier:.6g}")
+        return
+    if math.isinf(declared.epsilon):
+        return
+    if recorded_eps is None:
+        raise PrivacyMismatch(f"{where}: the configuration promises an epsilon-DP release, but no "
+                              "mechanism released any")
+    if recorded_eps > declared.epsilon * (1 + rel):
+        raise PrivacyMismatch(f"{where}: the mechanisms spent epsilon {recorded_eps:.6g}, the "
+                              f"configuration promises {declared.epsilon:.6g}")
+
+
+__all__ = ["PrivacyMismatch", "Release", "SensitivityError", "check", "client_summary", "combined_multiplier",
+           "note", "recording", "total_epsilon"]

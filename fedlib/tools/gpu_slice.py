@@ -1,0 +1,176 @@
+"""One slice of the paper campaign on an offline GPU node: ``bash tools/gpu-slice.sh MINUTES OUTDIR``.
+
+The wrapper installs the carried wheels when the node lacks them (``make gpu-bundle`` made them on a
+connected machine) and runs ``python -m fedlib.tools.gpu_slice MINUTES OUTDIR``, which, within
+``MINUTES`` from its start:
+
+1. unpacks the carried datasets (``.gpudata/``) into ``data/raw/`` and verifies them;
+2. runs the GPU tests (``--tests gpu``: ``pytest -m gpu``; ``all``: the suite that can run without
+   papermill, a browser or Flower; ``none``), their log kept;
+3. runs the benchmark (``fedlib.tools.bench --save``; ``--no-bench`` skips it), whose JSON the
+   campaign then uses for its estimates;
+4. trains the campaign, claims first (:func:`fedlib.tools.campaign.run`), with what is left of the
+   budget less a margin for packing; a run batch that would not end in time is not started, and
+   every finished batch is written at once;
+5. packs every result (and audit) file the slice added, the benchmark JSON, a summary
+   (``slice.json``) and the logs into at most 8 files of at most 16 MiB under ``OUTDIR`` (what the
+   project's GPU machine returns per command).
+
+On the connected machine, ``python -m fedlib.tools.campaign unpack OUTDIR/results-*.tgz`` checks
+and adds the results, and ``OUTDIR/<device>-<date>.json`` goes to ``data/bench/``. A slice
+interrupted at any point loses nothing already written; rerun it to go on. The exit status is 0
+only if every step that ran succeeded (the results are packed whatever the tests said).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from fedlib.results import REPO_ROOT, atomic_write_bytes, results_dir
+
+#: What the project's GPU machine returns from one command.
+MAX_FILES, MAX_BYTES = 8, 16 * 2**20
+
+
+def result_files(root: Path) -> set[Path]:
+    """The result and audit files under ``root`` now."""
+    return {*root.glob("*.json"), *(root / "audits").glob("*.json")}
+
+
+def _step(cmd: list[str], log: Path, timeout_s: float) -> dict:
+    """Run ``cmd`` with its output in ``log``; its exit status and seconds (124 past ``timeout_s``)."""
+    t0 = time.time()
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                timeout=max(1.0, timeout_s)).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    return {"command": shlex.join(cmd), "rc": rc, "seconds": round(time.time() - t0, 1)}
+
+
+def slice_(minutes: float, out: Path, profile: str = "paper", pages: list[str] | None = None,
+           n_seeds: int | None = None, tests: str = "gpu", bench: bool = True, bench_args: str = "",
+           max_batch: int = 8, margin_min: float = 1.0, progress: bool = True,
+           data_bundle: Path | None = None) -> dict:
+    """The slice (see the module's docstring); returns its summary, also written to ``out/slice.json``."""
+    from fedlib.tools import campaign
+    from fedlib.tools.bench import bench_dir
+    from fedlib.tools.gpu_bundle import DATA_BUNDLE, unpack_data
+
+    start = time.time()
+    deadline = start + 60 * minutes
+    campaign.needed(profile, pages, n_seeds)  # bad pages or profile: an error before any work
+    out.mkdir(parents=True, exist_ok=True)
+    if any(out.iterdir()):
+        raise FileExistsError(f"{out} is not empty: a slice writes into an empty folder")
+    logs = out / ".logs"
+    logs.mkdir()
+    summary: dict = {"minutes": minutes, "profile": profile, "pages": pages, "steps": {}}
+
+    # 1. data
+    from fedlib import data as data_mod
+
+    bundle = Path(data_bundle or DATA_BUNDLE)
+    if bundle.is_dir():
+        unpack_data(bundle)
+    for name in ("fashionmnist", "mnist"):
+        data_mod.fetch(name)
+    root = results_dir()
+    before = result_files(root)
+
+    # 2. tests
+    py = sys.executable
+    if tests != "none":
+        args = [py, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-rs"]
+        args += ["-m", "gpu"] if tests == "gpu" else [
+            "-m", "not heavy", "--ignore=tests/test_notebooks.py", "--ignore=tests/test_browser_check.py",
+            "--ignore=tests/test_flower.py", "--ignore=tests/test_gpu_slice.py"]
+        summary["steps"]["tests"] = _step(args, logs / "tests.log", deadline - time.time())
+
+    # 3. benchmark
+    if bench:
+        before_bench = set(bench_dir().glob("*.json"))
+        cmd = [py, "-m", "fedlib.tools.bench", "--json", "--save", *shlex.split(bench_args)]
+        summary["steps"]["bench"] = _step(cmd, logs / "bench.log", deadline - time.time())
+        for f in sorted(set(bench_dir().glob("*.json")) - before_bench):
+            (out / f.name).write_bytes(f.read_bytes())
+            summary["steps"]["bench"]["file"] = f.name
+
+    # 4. campaign, with what is left (less the margin for packing)
+    budget = (deadline - time.time()) / 60 - margin_min
+    if budget > 0:
+        t0 = time.time()
+        try:
+            report = campaign.run(profile, budget, root=root, max_batch=max_batch, progress=progress,
+                                  pages=pages, n_seeds=n_seeds)
+            summary["steps"]["campaign"] = {**report, "rc": 0}
+        except Exception as e:  # noqa: BLE001 - recorded, and what was written is still packed
+            summary["steps"]["campaign"] = {"rc": 1, "error": f"{type(e).__name__}: {e}"}
+        summary["steps"]["campaign"]["seconds"] = round(time.time() - t0, 1)
+    else:
+        summary["steps"]["campaign"] = {"rc": 0, "skipped": f"no budget left ({budget:.1f} min)"}
+
+    # 5. pack
+    new = sorted(result_files(root) - before)
+    archives = campaign.pack(new, out)
+    summary["results"] = len([f for f in new if f.parent == root])
+    summary["archives"] = [a.name for a in archives]
+    summary["seconds"] = round(time.time() - start, 1)
+    summary["rc"] = max([s.get("rc", 0) for s in summary["steps"].values()], default=0)
+    with tarfile.open(out / "logs.tgz", "w:gz") as tar:
+        for f in sorted(logs.iterdir()):
+            tar.add(f, arcname=f.name)
+    for f in logs.iterdir():
+        f.unlink()
+    logs.rmdir()
+    atomic_write_bytes(out / "slice.json", json.dumps(summary, indent=1).encode())
+    files = sorted(out.iterdir())
+    too_big = [f.name for f in files if f.stat().st_size > MAX_BYTES]
+    if len(files) > MAX_FILES or too_big:
+        summary["rc"] = summary["rc"] or 3
+        print(f"error: {len(files)} files under {out} (at most {MAX_FILES}), too large: {too_big}; "
+              "run campaign pack with a smaller slice", file=sys.stderr)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fedlib.tools.gpu_slice", description=__doc__.splitlines()[0])
+    p.add_argument("minutes", type=float, help="the slice's whole budget, from its start")
+    p.add_argument("outdir", type=Path, help="an empty folder for what comes back (at most 8 files)")
+    p.add_argument("--profile", default="paper", choices=["smoke", "quick", "paper"])
+    p.add_argument("--pages", nargs="+", metavar="PATTERN", help="only these pages (globs)")
+    p.add_argument("--seeds", type=int, default=None)
+    p.add_argument("--tests", default="gpu", choices=["gpu", "all", "none"])
+    p.add_argument("--no-bench", dest="bench", action="store_false")
+    p.add_argument("--bench-args", default="", help="extra options of fedlib.tools.bench (quoted)")
+    p.add_argument("--max-batch", type=int, default=8)
+    p.add_argument("--margin-min", type=float, default=1.0, help="minutes kept for packing")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--data-bundle", type=Path, default=None, help="gzipped datasets (default: .gpudata/)")
+    args = p.parse_args(argv)
+    if not args.minutes > 0:
+        p.error("MINUTES must be > 0")
+    if args.outdir.exists() and any(args.outdir.iterdir()):
+        p.error(f"{args.outdir} is not empty")
+    from fedlib.config import ConfigError
+
+    try:
+        s = slice_(args.minutes, args.outdir, args.profile, args.pages, args.seeds, args.tests, args.bench,
+                   args.bench_args, args.max_batch, args.margin_min, args.progress, args.data_bundle)
+    except ConfigError as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: s[k] for k in ("results", "archives", "seconds", "rc")}))
+    return int(s["rc"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Privacy at the call sites, on full rounds of real runs (issue 27).
+
+The audits of tests/test_privacy_audit.py test each mechanism's noise at its call site with many
+trials. These tests run whole rounds through :class:`fedlib.run.Experiment` and check what a
+mechanism cannot check alone:
+
+* every round's releases are recorded by the mechanisms themselves and back the event the
+  accountant is fed (a mismatch stops the run: :class:`fedlib.privacy.record.PrivacyMismatch`);
+* the sensitivity a round actually realises: with the same noise (keyed on the config), replacing
+  one client's data by an adversarial one moves the released sum by at most the sensitivity the
+  noise is calibrated for;
+* the edits that once went unnoticed (clipping skipped at DP-FedAvg's call site, half the noise on
+  adaptive clipping's count, the noise calibrated on the initial clip C0 instead of C_t) now fail.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from test_privacy_audit import mutated
+
+from fedlib import Config
+from fedlib.algorithms import ALGORITHMS, dp_fedavg
+from fedlib.engine import Executor
+from fedlib.privacy import central, record
+from fedlib.privacy.record import PrivacyMismatch, SensitivityError
+from fedlib.run import Experiment
+
+SMOKE = dict(clients=6, train_samples=600, test_samples=100, rounds=3, min_client_samples=20, lr=0.05,
+             momentum=0.0, profile="smoke")
+PRIVATE = {
+    "dp_fedavg fixed": Config(algorithm="dp_fedavg", client_fraction=0.5, dp_clip=0.05,
+                              dp_noise_multiplier=1.0, **SMOKE),
+    "dp_fedavg adaptive": Config(algorithm="dp_fedavg", client_fraction=0.5, dp_clip=0.01,
+                                 adaptive_clip=True, dp_noise_multiplier=1.0, clip_count_std=1.0, **SMOKE),
+    "moon_dpap central": Config(algorithm="moon_dpap", dp="central", dp_clip=0.05, **SMOKE),
+    "moon_dpap local": Config(algorithm="moon_dpap", dp="local", dp_clip=0.05, **SMOKE),
+    "moon_dpap record": Config(algorithm="moon_dpap", dp="record", dp_schedule="constant", dp_clip=1.0,
+                               dp_epsilon_total=8.0, **SMOKE),
+    "ldp_fl": Config(algorithm="ldp_fl", model="mlp", **SMOKE),
+    "signds_fl": Config(algorithm="signds_fl", model="mlp", **SMOKE),
+    "fdl corrected": Config(algorithm="fdl", model="mlp", fdl_mode="corrected", **SMOKE),
+}
+
+
+def _rounds(config: Config, rounds: int | None = None) -> Experiment:
+    exp = Experiment(config, torch.device("cpu"))
+    with Executor("sequential", exp.algo, exp.data.x_train, exp.data.y_train) as ex:
+        for t in range(rounds or config.rounds):
+            exp.round(t, ex)
+    return exp
+
+
+@pytest.mark.parametrize("name", sorted(PRIVATE))
+def test_every_round_is_accounted_from_what_the_mechanisms_recorded(name, monkeypatch):
+    """Each round, the mechanisms' own records back the accountant's event (checked, not assumed):
+    never less noise (Gaussian) and never more epsilon (pure) than the configuration promises."""
+    seen = []
+    real = record.check
+
+    def spy(declared, z, eps, where):
+        seen.append((declared, z, eps))
+        real(declared, z, eps, where)
+
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("fedlib.run"), "check", spy)
+    exp = _rounds(PRIVATE[name])
+    assert len(seen) == PRIVATE[name].rounds
+    for declared, z, eps in seen:
+        if hasattr(declared, "noise_multiplier"):
+            assert z is not None and z == pytest.approx(declared.noise_multiplier, rel=1e-9)
+        else:
+            assert eps is not None and eps <= declared.epsilon * (1 + 1e-9) and eps > 0.5 * declared.epsilon
+    assert math.isfinite(exp.accountant.epsilon())
+
+
+def _neighbour_release(config: Config, scale: float) -> tuple[dict, float]:
+    """One round from the same start, with client 0's images multiplied by ``scale`` (an adversarial
+    replacement of its data); the released sum (global model change times the public denominator)."""
+    exp = Experiment(config, torch.device("cpu"))
+    if scale != 1.0:
+        idx = torch.as_tensor(exp.parts[0])
+        exp.data.x_train[idx] = exp.data.x_train[idx] * scale
+    before = {k: v.clone() for k, v in exp.gparams.items()}
+    with Executor("sequential", exp.algo, exp.data.x_train, exp.data.y_train) as ex:
+        exp.round(0, ex)
+    algo = exp.algo
+    denominator = algo.expected if config.algorithm == "dp_fedavg" else config.clients
+    return {k: (exp.gparams[k] - before[k]).double() * denominator / config.server_lr for k in before}, \
+        float(getattr(algo, "z_delta", 1.0))
+
+
+@pytest.mark.parametrize("name", ["dp_fedavg fixed", "dp_fedavg adaptive", "moon_dpap central"])
+def test_a_full_round_realises_at_most_the_calibrated_sensitivity(name):
+    """Same config, same noise (keyed on the config), one client's data replaced by an adversarial
+    one: the released sums differ by at most 2C plus the grid rounding the secure sum accounts for
+    (MOON-DPAP's replace-one sensitivity; for DP-FedAvg, whose relation is add/remove with sensitivity
+    C, a replacement is a removal and an addition). An unclipped update or a mis-scaled sum would
+    move it by far more (the adversarial client's raw update is ~1e3 times larger)."""
+    factor = 2
+    from fedlib.privacy.central import grid_sensitivity
+    from fedlib.privacy.discrete import grid_for
+    from fedlib.privacy.guarantee import Relation
+
+    cfg = PRIVATE[name].replace(client_fraction=1.0)
+    a, _ = _neighbour_release(cfg, 1.0)
+    b, _ = _neighbour_release(cfg, 1e3)
+    moved = math.sqrt(sum(float(((a[k] - b[k]) ** 2).sum()) for k in a))
+    # the calibrated bound: factor C, plus the rounding of each update to the noise's grid (the
+    # secure sum accounts for it: half a grid step per coordinate of the one update that differs)
+    grid = grid_for(cfg.dp_clip)
+    dims = sum(v.numel() for v in a.values())
+    bound = grid_sensitivity(cfg.dp_clip, Relation.REPLACE_ONE, dims, grid) * grid.step
+    assert factor * cfg.dp_clip < bound < 1.5 * factor * cfg.dp_clip
+    assert 0.5 * factor * cfg.dp_clip < moved <= bound * (1 + 1e-4), (moved, bound)
+
+
+def _run_with(monkeypatch, algorithm_class, config: Config, rounds: int = 3):
+    monkeypatch.setitem(ALGORITHMS, config.algorithm, algorithm_class)
+    return _rounds(config, rounds)
+
+
+@pytest.mark.source_mutation
+def test_clipping_skipped_at_dp_fedavgs_call_site_stops_the_run(monkeypatch):
+    mutant = mutated(dp_fedavg, 'clipped, norm = clip_by_l2(upload["delta"], ctx.shared["clip"])',
+                     'clipped, norm = upload["delta"], flat_norm(upload["delta"])')
+    mutant.flat_norm = __import__("fedlib.privacy.clipping", fromlist=["flat_norm"]).flat_norm
+    with pytest.raises(SensitivityError, match="not clipped"):
+        _run_with(monkeypatch, mutant.DpFedAvg, PRIVATE["dp_fedavg fixed"])
+
+
+@pytest.mark.source_mutation
+def test_half_the_noise_on_adaptive_clippings_count_stops_the_run(monkeypatch):
+    mutant = mutated(central, "noisy_count(unclipped - 0.5, self.count_std,",
+                     "noisy_count(unclipped - 0.5, 0.5 * self.count_std,")
+    monkeypatch.setattr(dp_fedavg, "AdaptiveClipping", mutant.AdaptiveClipping)
+    with pytest.raises(PrivacyMismatch, match="multiplier"):
+        _rounds(PRIVATE["dp_fedavg adaptive"])
+
+
+@pytest.mark.source_mutation
+def test_noise_calibrated_on_the_initial_clip_stops_the_run(monkeypatch):
+    """Adaptive clipping grows C from C0 = 0.01 (every update is clipped at first): from the second
+    round on, updates clipped to C_t > C0 enter a sum whose noise is sized for C0."""
+    mutant = mutated(dp_fedavg, 'total = noisy_sum(uploads["delta"], clip,',
+                     'total = noisy_sum(uploads["delta"], c.dp_clip,')
+    with pytest.raises(SensitivityError, match="not clipped to the norm"):
+        _run_with(monkeypatch, mutant.DpFedAvg, PRIVATE["dp_fedavg adaptive"], rounds=4)
+
+
+def test_the_unmutated_runs_complete():
+    for name in ("dp_fedavg fixed", "dp_fedavg adaptive"):
+        exp = _rounds(PRIVATE[name], 4)
+        assert exp.accountant.epsilon() > 0
+
+
+def test_secret_randomness_draws_noise_and_samples_nobody_can_regenerate(tmp_path):
+    """A deployment's mode: OS entropy at every draw. The same config then gives other noise and
+    another Poisson sample each time (a seeded simulation gives the same), and the result says it
+    does not reproduce."""
+    from fedlib import run
+    from fedlib.run import load_model
+
+    seeded = PRIVATE["dp_fedavg fixed"].replace(rounds=1)
+    secret = seeded.replace(randomness="secret")
+    algo = ALGORITHMS["dp_fedavg"](secret, torch.nn.Linear(1, 1))
+    # ten Poisson samples (q = 0.5, 6 clients) of the same round all equal: probability below 1e-16
+    assert len({tuple(algo.sample_clients(0)) for _ in range(10)}) > 1
+    models = []
+    for i, cfg in enumerate((seeded, seeded, secret, secret)):
+        r = run(cfg, root=tmp_path / str(i), progress=False, device="cpu")
+        models.append(load_model(r, tmp_path / str(i))[1])
+        assert r.meta["reproducible"] is (cfg.randomness == "seeded")
+    same = lambda a, b: all(torch.equal(a[k], b[k]) for k in a)  # noqa: E731
+    assert same(models[0], models[1]) and not same(models[2], models[3])

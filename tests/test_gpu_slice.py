@@ -1,0 +1,71 @@
+"""The offline GPU slice end to end, on this CPU at the smoke profile: what a GPU node runs
+(``bash tools/gpu-slice.sh MINUTES OUTDIR``) unpacks the carried data, runs the GPU tests (skipped
+here) and the benchmark, trains a campaign slice claims first, and packs at most 8 files that
+``campaign unpack`` accepts on the connected machine."""
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from fedlib.results import REPO_ROOT
+from fedlib.tools import campaign
+from fedlib.tools.gpu_bundle import bundle_data, unpack_data
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    """What make gpu-bundle carries besides the wheels: the gzipped IDX files."""
+    out = tmp_path_factory.mktemp("gpudata")
+    bundle_data(out)
+    return out
+
+
+@pytest.mark.slow
+def test_gpu_slice_runs_end_to_end_and_its_results_unpack(tmp_path, bundle):
+    assert len(list(bundle.glob("*/*.gz"))) == 8
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable, "FEDLIB_DATA_DIR": str(tmp_path / "raw"),
+           "FEDLIB_RESULTS_DIR": str(tmp_path / "node" / "results"),
+           "FEDLIB_BENCH_DIR": str(tmp_path / "bench")}
+    cmd = ["bash", str(REPO_ROOT / "tools" / "gpu-slice.sh"), "4", str(out), "--profile", "smoke",
+           "--pages", "moon_dpap_table2", "dpfl_claim3", "--margin-min", "0.2", "--no-progress",
+           "--bench-args",
+           "--samples 400 --clients 4 --rounds 1 --batch-runs 1 --no-scale --paths sequential"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and {"slice.json", "logs.tgz", "results-00.tgz"} <= set(files), files
+    summary = json.loads((out / "slice.json").read_text())
+    assert summary["steps"]["tests"]["rc"] == 0 and summary["steps"]["bench"]["rc"] == 0
+    assert summary["steps"]["campaign"]["still missing"] == 0 and summary["results"] == 11  # 5 + 6
+    assert any(f.startswith("cpu-") and f.endswith(".json") for f in files)  # the benchmark
+    with tarfile.open(out / "logs.tgz") as tar:
+        assert {"tests.log", "bench.log"} <= set(tar.getnames())
+    # the connected machine: checked, then added (results and their membership-audit losses)
+    report = campaign.unpack(sorted(out.glob("results-*.tgz")), root=tmp_path / "home")
+    audits = [n for n in report["added"] if n.startswith("audits/")]
+    assert len(report["added"]) == 11 + 6 and len(audits) == 6
+    assert (tmp_path / "raw" / "MNIST" / "raw" / "train-images-idx3-ubyte").exists()
+
+
+def test_the_slice_refuses_a_non_empty_outdir_and_unknown_pages(tmp_path):
+    from fedlib.tools import gpu_slice
+
+    (tmp_path / "x").write_text("old")
+    with pytest.raises(SystemExit):
+        gpu_slice.main(["1", str(tmp_path)])
+    assert gpu_slice.main(["1", str(tmp_path / "new"), "--profile", "smoke", "--pages", "nope_*"]) == 2
+    assert not (tmp_path / "new").exists()
+
+
+def test_unpack_data_restores_the_idx_files(tmp_path, bundle):
+    restored = unpack_data(bundle, tmp_path / "raw")
+    from fedlib.data import data_dir
+
+    assert len(restored) == 8
+    for f in restored:
+        assert f.read_bytes() == (data_dir() / f.relative_to(tmp_path / "raw")).read_bytes()
