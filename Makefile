@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PROFILE ?= auto
 DATA_STAMP := data/raw/.fetched
 
-.PHONY: book test test-full test-gpu paper gpu-bundle notebooks data venv bench lint clean help
+.PHONY: book test test-full test-gpu test-privacy-mutants paper gpu-bundle notebooks data venv bench lint clean help
 
 help:
 	@echo "make book   - set up, fetch data, execute every notebook, build the HTML book (PROFILE=$(PROFILE):"
@@ -15,6 +15,7 @@ help:
 	@echo "make test   - set up, fetch data, run the test suite"
 	@echo "make test-full - the tests and the heavy statistical audits"
 	@echo "make test-gpu - the tests that exercise CUDA (skipped without a GPU)"
+	@echo "make test-privacy-mutants - mutation testing of the privacy code (mutmut; hours)"
 	@echo "make bench  - engine benchmark (saved under data/bench/)"
 	@echo "make paper  - one slice of the paper-scale campaign (a GPU; BUDGET_MIN=25)"
 	@echo "make gpu-bundle - wheels and gzipped data for an offline GPU node (bash tools/gpu-slice.sh there)"
@@ -63,6 +64,14 @@ test: $(DATA_STAMP) $(FLOWER_STAMP)
 test-full: $(DATA_STAMP) $(FLOWER_STAMP)
 	$(VENV)/bin/ruff check fedlib studies tests
 	$(PY) -m pytest
+
+# Mutation testing of the privacy code (mutmut; hours on a 2-core CPU, not part of make test): the
+# report, with every mutant's status and the argument for each equivalent survivor, goes to
+# data/audits/privacy-mutants.json; it fails while a survivor is unexplained.
+MUTMUT := mutmut==3.8.1
+test-privacy-mutants: $(DATA_STAMP) $(FLOWER_STAMP)
+	$(PY) -m pip install -q $(MUTMUT) 2>&1 | grep -v "is ignored: it is neither" || true
+	$(PY) -m fedlib.tools.privacy_mutants run
 
 test-gpu: $(DATA_STAMP)
 	$(PY) -m pytest -m gpu -v -rs

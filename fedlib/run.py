@@ -28,7 +28,7 @@ from fedlib.config import Config
 from fedlib.engine import PATHS, Executor, Work, check_path, default_path, make_plan, make_poisson_plan
 from fedlib.models import build_model
 from fedlib.partition import partition
-from fedlib.privacy.guarantee import Accountant, is_released
+from fedlib.privacy.guarantee import Accountant, classify_meta, is_released
 from fedlib.privacy.record import Release, check, combined_multiplier, recording, total_epsilon
 from fedlib.results import (
     ConfigLocks,
@@ -367,6 +367,7 @@ class _Trainee:
                                "released_metrics": [k for k in metrics if is_released(k)],
                                "diagnostic_metrics": [k for k in metrics if not is_released(k)],
                                **exp.algo.privacy_details()}
+            meta["privacy"].update(classify_meta({**meta, "content_sha256": ""}))
         result = Result(config, self.history, meta)
         atomic_torch_save(tmap(lambda p: p.cpu(), exp.gparams), model_path(config, root))
         result.save(self.out)

@@ -176,3 +176,18 @@ def test_secret_randomness_draws_noise_and_samples_nobody_can_regenerate(tmp_pat
         assert r.meta["reproducible"] is (cfg.randomness == "seeded")
     same = lambda a, b: all(torch.equal(a[k], b[k]) for k in a)  # noqa: E731
     assert same(models[0], models[1]) and not same(models[2], models[3])
+
+
+@pytest.mark.parametrize("name", ["dp_fedavg adaptive", "moon_dpap record", "fdl corrected"])
+def test_every_result_field_is_classified_released_or_diagnostic(name, tmp_path):
+    """History metrics are released (covered by the guarantee) or diagnostic; metadata fields are
+    public (provenance, what the config determines) or diagnostic (computed from private data, such
+    as the clients' sizes): a new field cannot slip in unclassified."""
+    from fedlib import run
+
+    r = run(PRIVATE[name].replace(rounds=1), root=tmp_path, progress=False, device="cpu")
+    p = r.meta["privacy"]
+    metrics = {k for h in r.history for k in h}
+    assert set(p["released_metrics"]) | set(p["diagnostic_metrics"]) == metrics
+    assert set(p["public_meta"]) | set(p["diagnostic_meta"]) == set(r.meta)
+    assert "client_sizes" in p["diagnostic_meta"] and "train_loss" in p["diagnostic_metrics"]

@@ -129,9 +129,11 @@ class Fdl(SparseUpload):
         """k values in ``[-1, 1]``: a replaced client can move each by 2, all together by ``2k``."""
         return 2.0 * k
 
+    # pragma: no mutate start (bytes on the wire: bookkeeping)
     def upload_bytes(self, upload) -> int:
         n = int(upload["mask"].sum())
         return 8 * n + (4 if self.config.fdl_mode == "as_published" else 0)  # corrected: c is public
+    # pragma: no mutate end
 
     def epsilon_per_round(self) -> float:
         if self.config.fdl_mode == "as_published":

@@ -35,9 +35,11 @@ class LdpFl(SparseUpload):
         values = two_point(flat, 0.0, c.ldp_clip, c.ldp_fl_epsilon_per_coordinate, generator_for(*seed))
         return {"mask": torch.ones_like(flat, dtype=torch.bool), "values": values}, {}
 
+    # pragma: no mutate start (bytes on the wire: bookkeeping)
     def upload_bytes(self, upload) -> int:
         """One bit per coordinate (two possible values) and no indices: every coordinate is sent."""
         return int(-(-upload["mask"].numel() // 8))
+    # pragma: no mutate end
 
     def epsilon_per_round(self) -> float:
         return ldp_fl_epsilon(self.config.ldp_fl_epsilon_per_coordinate, self.dims)

@@ -122,6 +122,7 @@ class MoonDpap(Moon):
     @classmethod
     def check(cls, config: Config) -> list[str]:
         c, errs = config, super().check(config)
+        # pragma: no mutate start (schedule and pruning checks: not privacy code)
         if not c.tau_min > 0:
             errs.append(f"tau_min must be > 0, got {c.tau_min}")
         if c.mu_max < 0:
@@ -132,6 +133,7 @@ class MoonDpap(Moon):
             errs.append(f"lr_min must be in [0, lr = {c.lr}], got {c.lr_min}")
         if not 0 <= c.prune_t_min <= c.prune_t_max:
             errs.append("pruning thresholds need 0 <= prune_t_min <= prune_t_max")
+        # pragma: no mutate end
         if c.dp not in DP_MODES:
             errs.append(f"dp must be one of {', '.join(DP_MODES)}, got {c.dp!r}")
         elif c.dp != "none":
@@ -158,9 +160,11 @@ class MoonDpap(Moon):
         super().__init__(config, model)
         self.z = noise_multipliers(config)
         self.record: dict | None = None  # record-level DP-SGD's calibration (bind_clients)
+        # pragma: no mutate start (the tau and mu schedules: not privacy code)
         total = config.rounds
         self.tau_slope = schedules.ramp_slope(config.moon_tau, config.tau_min, total, config.schedule_ramp)
         self.mu_slope = schedules.ramp_slope(config.moon_mu, config.mu_max, total, config.schedule_ramp)
+        # pragma: no mutate end
 
     # ---- record-level DP-SGD ----------------------------------------------------------------
     def bind_clients(self, sizes: list[int]) -> None:
@@ -190,13 +194,16 @@ class MoonDpap(Moon):
     # ---- schedules ----------------------------------------------------------------------
     def hyper(self, t: int) -> dict[str, float]:
         c, total = self.config, self.config.rounds
+        # pragma: no mutate start (the learning-rate, tau and mu schedules: not privacy code)
         lr = schedules.cosine_lr(t, total, c.lr, c.lr_min) if c.cosine_lr else c.lr
-        return {**super().hyper(t), "lr": lr,
-                "tau": schedules.linear_down(t, c.moon_tau, c.tau_min, self.tau_slope),
-                "mu": schedules.linear_up(t, c.moon_mu, c.mu_max, self.mu_slope),
+        schedule = {"lr": lr, "tau": schedules.linear_down(t, c.moon_tau, c.tau_min, self.tau_slope),
+                    "mu": schedules.linear_up(t, c.moon_mu, c.mu_max, self.mu_slope)}
+        # pragma: no mutate end
+        return {**super().hyper(t), **schedule,
                 "noise_multiplier": self.z[t] if self.z else (self.record or {}).get("sigma", 0.0)}
 
     # ---- pruning masks live in the server state and are broadcast -----------------------
+    # pragma: no mutate start (pruning masks: public post-processing of the noised model)
     def init_server_state(self, gparams: Params) -> Tree:
         if not self.config.prune:
             return {}
@@ -204,6 +211,7 @@ class MoonDpap(Moon):
 
     def broadcast(self, server_state: Tree) -> Tree:
         return {"masks": server_state["masks"]} if "masks" in server_state else {}
+    # pragma: no mutate end
 
     # ---- client: mask, then clip --------------------------------------------------------
     def client_final(self, sstate: Tree, cstate: Tree, ctx: RoundContext):
@@ -247,9 +255,11 @@ class MoonDpap(Moon):
             new = {k: w + c.server_lr * total[k] / m for k, w in gparams.items()}
         if "masks" not in server_state:
             return new, server_state
+        # pragma: no mutate start (pruning the released model: post-processing)
         threshold = schedules.pruning_threshold(ctx.t + 1, c.rounds, c.prune_t_min, c.prune_t_max)
         masks = pruning.update_masks(new, server_state["masks"], threshold)
         return pruning.apply_masks(new, masks), {"masks": masks}
+        # pragma: no mutate end
 
     # ---- privacy ----------------------------------------------------------------------------
     def guarantee(self) -> Guarantee | None:
@@ -281,6 +291,7 @@ class MoonDpap(Moon):
         return GaussianEvent(self.z[ctx.t]) if self.z else None
 
     # ---- bookkeeping ------------------------------------------------------------------------
+    # pragma: no mutate start (bookkeeping: bytes sent and the round's schedule values)
     def upload_bytes(self, upload: Tree) -> int:
         if self.config.prune:
             masks = {k: (v != 0).float() for k, v in upload["delta"].items()}
@@ -297,3 +308,4 @@ class MoonDpap(Moon):
         if self.record is not None:
             out["noise_multiplier"] = self.record["sigma"]
         return out
+    # pragma: no mutate end

@@ -49,8 +49,10 @@ class SignDsFl(SparseUpload):
         values = torch.where(mask, c.signds_lr * signs[:, None], torch.zeros_like(flat))
         return {"mask": mask, "values": values}, {"nu_mean": float(nu.float().mean()), "nu_threshold": nu_th}
 
+    # pragma: no mutate start (bytes on the wire: bookkeeping)
     def upload_bytes(self, upload) -> int:
         return int(upload["mask"].sum()) * 4 + 1  # h indices and one sign
+    # pragma: no mutate end
 
     def epsilon_per_round(self) -> float:
         return signds_epsilon(self.config.signds_epsilon_per_round)

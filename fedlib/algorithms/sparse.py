@@ -49,6 +49,7 @@ class SparseUpload(Algorithm):
         out = {k: v[0] for k, v in out.items()}
         return out, {"sent_frac": float(out["mask"].sum()) / self.dims, **stats}
 
+    # pragma: no mutate start (the server's aggregation of released messages: post-processing)
     def empty_uploads(self, gparams: Params) -> Tree:
         device = next(iter(gparams.values())).device
         return {"mask": torch.zeros(0, self.dims, dtype=torch.bool, device=device),
@@ -66,6 +67,7 @@ class SparseUpload(Algorithm):
     def upload_bytes(self, upload: Tree) -> int:
         """(index, value) pairs: 4 bytes per index, 4 per float32 value, 4 for a scale."""
         return 8 * int(upload["mask"].sum()) + (4 if "scale" in upload else 0)
+    # pragma: no mutate end
 
     def round_metrics(self, server_state: Tree, ctx: RoundContext) -> dict[str, float]:
         return {"epsilon_round": self.epsilon_per_round()}

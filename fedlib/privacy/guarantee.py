@@ -62,6 +62,33 @@ def is_released(metric: str) -> bool:
     return metric in RELEASED_METRICS
 
 
+#: Result metadata (``meta``) fields that reveal nothing about any client's data beyond what the
+#: guarantee covers: provenance (the machine, versions, commit, timing), what the configuration
+#: and code determine (the key, the seed, the data set's identity and sizes, the privacy statement),
+#: bookkeeping (hashes, migrations, engines).
+PUBLIC_META = frozenset({
+    "device", "engine", "torch", "numpy", "python", "platform", "cpu_threads", "git_commit", "seed",
+    "config_key", "resumed_from_round", "duration_s", "train_samples", "test_samples", "data_sha256",
+    "reproducible", "privacy", "run_batch", "content_sha256", "migrated_from", "flower",
+})
+#: Result metadata computed from the clients' data outside any mechanism: diagnostics the guarantee
+#: does not cover (a deployment would not publish them). ``client_sizes``: how many samples each client
+#: holds (private under client-level replace-one and record-level add/remove); ``diverged``: whether a
+#: loss went non-finite (it reads the training losses too).
+DIAGNOSTIC_META = frozenset({"client_sizes", "diverged"})
+
+
+def classify_meta(meta: dict) -> dict[str, list[str]]:
+    """``meta``'s fields as ``public`` and ``diagnostic`` (:data:`PUBLIC_META`,
+    :data:`DIAGNOSTIC_META`); a field in neither is an error, so a new field cannot slip in
+    unclassified."""
+    unknown = sorted(set(meta) - PUBLIC_META - DIAGNOSTIC_META)
+    if unknown:
+        raise ValueError(f"result metadata fields classified neither public nor diagnostic: {unknown}")
+    return {"public_meta": sorted(set(meta) & PUBLIC_META),
+            "diagnostic_meta": sorted(set(meta) & DIAGNOSTIC_META)}
+
+
 @dataclass(frozen=True)
 class Guarantee:
     """The privacy statement of a run: ``epsilon`` (from the accountant) at ``delta``."""

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedlib.config import NOISE_KEY_VERSION, RESULTS_VERSION, Config
+from fedlib.privacy.guarantee import classify_meta
 from fedlib.results import atomic_write_bytes, content_hash, diverged, results_dir
 
 #: Fields that a version removed, with their default before it (to recompute old keys).
@@ -129,6 +130,18 @@ def _companions(root: Path, algorithm: str, key: str, new: str | None) -> list[t
     ]
 
 
+def _upgrade_format(d: dict) -> bool:
+    """Format changes that need no retraining, applied to a result of the current version in place:
+    the content hash (``meta.content_sha256``) and the classification of its metadata fields as
+    public or diagnostic (``meta.privacy.public_meta`` / ``diagnostic_meta``). Whether it changed."""
+    changed = "content_sha256" not in d["meta"]
+    privacy = d["meta"].get("privacy")
+    if isinstance(privacy, dict) and "public_meta" not in privacy:
+        privacy.update(classify_meta({**d["meta"], "content_sha256": ""}))
+        changed = True
+    return changed
+
+
 def migrate(root: Path | None = None, dry_run: bool = False) -> dict[str, list[str]]:
     """Migrate every result under ``root``; returns the file names kept, removed, current, unknown."""
     root = Path(root or results_dir())
@@ -138,13 +151,14 @@ def migrate(root: Path | None = None, dry_run: bool = False) -> dict[str, list[s
         old = d["meta"].get("config_key") or path.stem.split("-")[-1]
         version = written_under(d["config"], old)
         if version == RESULTS_VERSION:
-            if "content_sha256" not in d["meta"]:
+            if "content_sha256" in d["meta"] and d["meta"]["content_sha256"] != content_hash(d):
+                report["unknown"].append(path.name)  # edited since it was written: not blessed
+                continue
+            if _upgrade_format(d):
                 d["meta"]["content_sha256"] = content_hash(d)
                 if not dry_run:
                     atomic_write_bytes(path, json.dumps(d, indent=1).encode())
                 report["hashed"].append(path.name)
-            elif d["meta"]["content_sha256"] != content_hash(d):
-                report["unknown"].append(path.name)
             else:
                 report["current"].append(path.name)
             continue
@@ -169,6 +183,7 @@ def migrate(root: Path | None = None, dry_run: bool = False) -> dict[str, list[s
         d["meta"]["config_key"] = config.key()
         d["meta"]["migrated_from"] = old
         target = root / f"{config.algorithm}-{config.key()}.json"
+        _upgrade_format(d)
         d["meta"]["content_sha256"] = content_hash(d)
         atomic_write_bytes(target, json.dumps(d, indent=1).encode())
         if target != path:

@@ -82,7 +82,25 @@ def source_file(name: str) -> str:
     return module.replace(".", "/") + ".py"
 
 
+_STRING = re.compile(r"""(?:[rbfRBF]{0,2})("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')""")
+_MESSAGE_CALL = re.compile(r"^(raise \w+\(|errs\.append\(|warnings\.warn\(|print\(|log\()")
+
+
+def message_only(old: str, new: str) -> bool:
+    """Whether a mutant changes only the text of a message: the line raises the same exception, or
+    appends to the same list of configuration errors, with another message (or None); or it is a
+    bare string literal (a continuation of such a message) changed into another one."""
+    m_old, m_new = _MESSAGE_CALL.match(old), _MESSAGE_CALL.match(new)
+    if m_old and m_new and m_old.group(1) == m_new.group(1):
+        return True
+    bare = lambda line: _STRING.sub("S", line).strip().rstrip(",)") in ("S", "S S")  # noqa: E731
+    return bare(old) and bare(new)
+
+
 def equivalence(file: str, old: str, new: str) -> str | None:
+    """Why a surviving mutant changes no released distribution, or None (a gap)."""
+    if message_only(old, new):
+        return "changes the text of an error or a message only, not what is released"
     for f, o, n, why in EQUIVALENT:
         if f == file and o == old and n == new:
             return why
