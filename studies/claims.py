@@ -125,6 +125,13 @@ def number(
     return Finding(claim, ours, Verdict.INCONCLUSIVE, "the 95 % interval overlaps the tolerance band")
 
 
+#: How far (points) an ordering's interval must lie from 0 to be decisive at a profile that cuts the
+#: rounds of a method whose schedules depend on the number of rounds T (MOON-DPAP's cosine learning
+#: rate, its tau and mu ramps, its pruning threshold, its eq. 5 DP schedule): there a method runs a
+#: compressed version of its schedule, so a small gap says little about the paper's setting.
+DECISIVE_MARGIN = 5.0
+
+
 def ordering(
     claim: str,
     better: Sequence[float],
@@ -132,9 +139,13 @@ def ordering(
     profile: str,
     what: str = "difference",
     unit: str = " pts",
+    cut: str | None = None,
 ) -> Finding:
     """``better > worse``, paired by seed: reproduced when the 95 % interval of the differences is
-    above 0, not reproduced when it is below 0, else inconclusive (gap inside the noise)."""
+    above 0, not reproduced when it is below 0, else inconclusive (gap inside the noise). ``cut``: why
+    this profile distorts the comparison (rounds cut under T-dependent schedules); then, away from
+    the paper profile, the interval must clear :data:`DECISIVE_MARGIN` either way, else the ordering
+    is inconclusive at this profile."""
     m, lo, hi = paired_ci(better, worse)
     ours = f"{what} {_interval(m, lo, hi, unit)}, {len(better)} seeds"
     if profile == "smoke":
@@ -143,6 +154,10 @@ def ordering(
         return Finding(
             claim, ours, Verdict.INCONCLUSIVE, f"{len(better)} seed(s): an ordering needs {MIN_SEEDS}"
         )
+    if cut and profile != "paper" and not (lo > DECISIVE_MARGIN or hi < -DECISIVE_MARGIN):
+        return Finding(claim, ours, Verdict.INCONCLUSIVE,
+                       f"inconclusive at this profile: {cut}; an ordering needs its 95 % interval beyond "
+                       f"±{DECISIVE_MARGIN:g} points here")
     if lo > 0:
         return Finding(
             claim, ours, Verdict.REPRODUCED, "the 95 % interval of the paired differences is above 0"
@@ -152,9 +167,12 @@ def ordering(
     return Finding(claim, ours, Verdict.INCONCLUSIVE, "the gap is inside the noise (interval contains 0)")
 
 
-def best_of(claim: str, best: str, by_seed: Mapping[str, Sequence[float]], profile: str) -> Finding:
-    """``best`` beats every other method, each comparison paired by seed (all must hold)."""
-    results = {k: ordering(claim, by_seed[best], v, profile) for k, v in by_seed.items() if k != best}
+def best_of(claim: str, best: str, by_seed: Mapping[str, Sequence[float]], profile: str,
+            cut: str | None = None) -> Finding:
+    """``best`` beats every other method, each comparison paired by seed (all must hold); ``cut`` as
+    in :func:`ordering`."""
+    results = {k: ordering(claim, by_seed[best], v, profile, cut=cut)
+               for k, v in by_seed.items() if k != best}
     ours = "; ".join(f"vs {k}: {f.ours}" for k, f in results.items())
     if profile == "smoke":
         return not_evaluated(claim, ours)
@@ -164,18 +182,32 @@ def best_of(claim: str, best: str, by_seed: Mapping[str, Sequence[float]], profi
     open_ = [k for k, f in results.items() if f.verdict is not Verdict.REPRODUCED]
     if not open_:
         return Finding(claim, ours, Verdict.REPRODUCED, "ahead of every other method across seeds")
-    return Finding(claim, ours, Verdict.INCONCLUSIVE, f"vs {open_[0]}: {results[open_[0]].reason}")
+    cut_open = [k for k in open_ if results[k].reason.startswith("inconclusive at this profile")]
+    first = cut_open[0] if cut_open else open_[0]
+    return Finding(claim, ours, Verdict.INCONCLUSIVE, f"vs {first}: {results[first].reason}")
+
+
+#: Two methods whose results differ by at most this many points in every seed are the same run in
+#: effect: "close" is then true by construction (a term that is inert at the setting), a sanity check.
+INERT = 0.05
 
 
 def close(
-    claim: str, a: Sequence[float], b: Sequence[float], margin: float, profile: str, what: str = "difference"
+    claim: str, a: Sequence[float], b: Sequence[float], margin: float, profile: str, what: str = "difference",
+    inert_reason: str | None = None,
 ) -> Finding:
     """``|a - b| <= margin``, paired by seed: reproduced when the whole 95 % interval lies within
-    ``+/- margin``, not reproduced when it lies entirely outside, else inconclusive."""
+    ``+/- margin``, not reproduced when it lies entirely outside, else inconclusive. When the two agree
+    to :data:`INERT` points in every seed and ``inert_reason`` says why they must (a term inert at this
+    setting), the claim is a sanity check, not a reproduction."""
     m, lo, hi = paired_ci(a, b)
     ours = f"{what} {_interval(m, lo, hi, ' pts')}, {len(a)} seeds; margin ±{margin:g}"
     if profile == "smoke":
         return not_evaluated(claim, ours)
+    if inert_reason and len(a) and float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) <= INERT:
+        return Finding(claim, ours, Verdict.SANITY,
+                       f"the two agree to {INERT:g} points in every seed: {inert_reason}; true by "
+                       "construction, not evidence")
     if len(a) < MIN_SEEDS:
         return Finding(claim, ours, Verdict.INCONCLUSIVE, f"{len(a)} seed(s): a comparison needs {MIN_SEEDS}")
     if -margin <= lo and hi <= margin:
@@ -188,18 +220,24 @@ def close(
 
 
 def gap(
-    claim: str, published: float, a: Sequence[float], b: Sequence[float], profile: str, tolerance: float
+    claim: str, published: float, a: Sequence[float], b: Sequence[float], profile: str, tolerance: float,
+    cut: str | None = None,
 ) -> Finding:
     """A published gap ``a - b`` (paired by seed). At the paper profile: reproduced when the 95 %
     interval lies within ``published +/- tolerance``, partly when the direction holds but the
     interval lies outside that band. At other profiles only the direction can be tested: partly
-    when it holds (the size needs the paper profile). Opposite sign: not reproduced."""
+    when it holds (the size needs the paper profile). Opposite sign: not reproduced. ``cut`` as in
+    :func:`ordering`: away from the paper profile the direction must clear :data:`DECISIVE_MARGIN`."""
     m, lo, hi = paired_ci(a, b)
     ours = f"gap {_interval(m, lo, hi, ' pts')}, {len(a)} seeds; paper {published:+g} ± {tolerance:g}"
     if profile == "smoke":
         return not_evaluated(claim, ours)
     if len(a) < MIN_SEEDS:
         return Finding(claim, ours, Verdict.INCONCLUSIVE, f"{len(a)} seed(s): a gap needs {MIN_SEEDS}")
+    if cut and profile != "paper" and not (lo > DECISIVE_MARGIN or hi < -DECISIVE_MARGIN):
+        return Finding(claim, ours, Verdict.INCONCLUSIVE,
+                       f"inconclusive at this profile: {cut}; a gap's direction needs its 95 % interval "
+                       f"beyond ±{DECISIVE_MARGIN:g} points here")
     s_lo, s_hi = (lo, hi) if published >= 0 else (-hi, -lo)  # the gap in the published direction
     if s_hi < 0:
         return Finding(claim, ours, Verdict.NOT_REPRODUCED, "the gap has the opposite sign")
@@ -240,6 +278,13 @@ def in_range(
     if hi < 0 < low or lo > 0 > high:
         return Finding(claim, ours, Verdict.NOT_REPRODUCED, "the effect has the opposite sign")
     if hi < low or lo > high:
+        # a direction is graded only when the interval excludes the opposite (or no effect)
+        signed = low > 0 or high < 0
+        direction_holds = (lo > 0) if low > 0 else (hi < 0) if high < 0 else True
+        if signed and not direction_holds:
+            return Finding(claim, ours, Verdict.NOT_REPRODUCED,
+                           "the claimed range lies outside the 95 % interval, which does not even exclude no "
+                           "effect: neither the size nor the direction holds")
         return Finding(
             claim, ours, Verdict.PARTLY, "the direction holds, the size is outside the claimed range"
         )

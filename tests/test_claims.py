@@ -99,6 +99,61 @@ def test_in_range(values, expected):
     assert c.in_range("x", 15.0, 25.0, values, "quick").verdict is expected
 
 
+# ---- the grading rules of issue 26: both sides of each new threshold ------------------------------------
+def test_in_range_grades_a_direction_only_when_the_interval_excludes_no_effect():
+    """FDL's "saves at least 60 %" at a measured -6.22 % [-13.42, 0.99]: neither the size nor the
+    direction holds; a clear saving below the range is still partly."""
+    no_direction = c.in_range("x", 60.0, 100.0, [-6.0, -13.0, 1.0, -6.5], "quick")
+    assert no_direction.verdict is V.NOT_REPRODUCED and "direction" in no_direction.reason
+    assert c.in_range("x", 60.0, 100.0, [10.0, 11.0, 12.0, 11.5], "quick").verdict is V.PARTLY
+    # a range around 0 (a change of less than a point) has no direction to grade
+    assert c.in_range("x", -1.0, 1.0, [2.0, 2.5, 3.0], "quick").verdict is V.PARTLY
+
+
+def test_close_is_a_sanity_check_when_a_term_is_inert():
+    """MOON against FedAvg at mu = 0.01: the same to three decimals in every seed."""
+    same = c.close("x", [50.0, 51.0, 52.0], [50.01, 51.0, 51.98], 2.0, "quick", inert_reason="inert")
+    assert same.verdict is V.SANITY and "inert" in same.reason
+    near = c.close("x", [50.0, 51.0, 52.0], [50.3, 51.2, 51.9], 2.0, "quick", inert_reason="inert")
+    assert near.verdict is V.REPRODUCED  # 0.3 points apart in a seed: evidence, not construction
+    assert c.close("x", [50.0, 51.0, 52.0], [50.01, 51.0, 51.98], 2.0, "quick").verdict is V.REPRODUCED
+
+
+def test_an_ordering_under_cut_schedules_needs_a_decisive_interval():
+    """MOON-DPAP "best of six" at quick, [-35.73, -0.07]: inconclusive at this profile; beyond the
+    margin either way it is decided; at the paper profile the usual rule applies."""
+    better = [50.0, 20.0, 40.0]
+    worse = [60.0, 50.0, 45.0]  # differences -10, -30, -5: interval about [-35.7, -0.1]
+    lo = c.paired_ci(better, worse)[1]
+    assert lo < -c.DECISIVE_MARGIN
+    cut = c.ordering("x", better, worse, "quick", cut="rounds cut")
+    assert cut.verdict is V.INCONCLUSIVE and cut.reason.startswith("inconclusive at this profile")
+    assert c.ordering("x", better, worse, "quick").verdict is V.INCONCLUSIVE  # contains 0 anyway
+    decided = c.ordering("x", [40.0, 41.0, 40.5], [50.0, 50.5, 50.2], "quick", cut="rounds cut")
+    assert decided.verdict is V.NOT_REPRODUCED  # about -10 [-11, -9]: beyond the margin
+    small = ([50.0, 51.0, 50.5], [52.0, 53.5, 52.0])  # about -2 [-3.3, -0.7]: decisive at paper only
+    assert c.ordering("x", *small, "quick", cut="rounds cut").verdict is V.INCONCLUSIVE
+    assert c.ordering("x", *small, "paper", cut="rounds cut").verdict is V.NOT_REPRODUCED
+    by = {"a": [40.0, 41.0, 40.5], "b": [42.0, 43.5, 42.0]}
+    assert c.best_of("x", "a", by, "quick", cut="rounds cut").verdict is V.INCONCLUSIVE
+    assert c.gap("x", 6.6, [60.0, 61.0, 60.5], [58.0, 58.5, 58.0], "quick", 3.0,
+                 cut="rounds cut").verdict is V.INCONCLUSIVE
+    assert c.gap("x", 6.6, [70.0, 71.0, 70.5], [58.0, 58.5, 58.0], "quick", 3.0,
+                 cut="rounds cut").verdict is V.PARTLY
+
+
+def test_moon_dpap_best_of_six_is_counted_once():
+    """Table 1's 20-client runs are Fig. 1's: its best-of claim is about 10 clients only."""
+    from studies.moon_dpap import claims as mc
+
+    table = {f"{m}|{n}": [60.0 + i, 61.0 + i, 60.5 + i] for i, m in enumerate(["fedavg", "feddyn", "scaffold",
+                                                                               "moon", "moon_dpap"])
+             for n in (10, 20)}
+    rows = mc.table1(_runs(table), "paper")
+    assert not any("20 clients" in f.claim and "best" in f.claim and "Fig. 1" not in f.claim for f in rows)
+    assert any(f.claim.startswith("MOON-DPAP is the best method with 10 clients") for f in rows)
+
+
 def test_peak():
     by = {0.01: [9.0, 9.2, 9.1], 0.02: [5.0, 5.2, 5.1], 0.03: [4.0, 4.1, 4.2]}
     assert c.peak("x", 0.01, by, "quick").verdict is V.REPRODUCED
@@ -154,7 +209,7 @@ def test_moon_dpap_fig1_rules():
         "feddyn": [69, 70, 69.5],
         "moon": [70.2, 71.1, 70.4],
         "ditto": [70, 71, 70.5],
-        "moon_dpap": [75, 76, 75.5],
+        "moon_dpap": [80, 81, 80.5],  # 10 points ahead: decisive even with its schedules cut
     }
     f = {x.claim: x for x in mc.fig1(_runs(good), "quick", 80.0)}
     assert f["MOON-DPAP is the best of the six methods"].verdict is V.REPRODUCED
@@ -257,9 +312,16 @@ def test_dpfl_claim_rules():
         "fixed C = 10": np.array([40.0, 41, 40.5]),
         "adaptive": np.array([60.0, 61.5, 61.0]),
     }
-    assert dc.claim2(acc, "quick")[0].verdict is V.REPRODUCED  # about +20 % over the median C
-    acc["adaptive"] = np.array([52.0, 53, 52.5])
-    assert dc.claim2(acc, "quick")[0].verdict is V.PARTLY  # +4 %: direction only
+    # about +20 % over the median C, but level with the best C (C = 1): at most inconclusive
+    assert dc.claim2(acc, "quick")[0].verdict is V.INCONCLUSIVE
+    acc["adaptive"] = np.array([61.5, 62.5, 62.0])  # +22 % over the median C, +2.5 % over the best
+    assert dc.claim2(acc, "quick")[0].verdict is V.REPRODUCED
+    acc["adaptive"] = np.array([52.0, 53, 52.5])  # +4 % over the median C, but below the best C
+    assert dc.claim2(acc, "quick")[0].verdict is V.NOT_REPRODUCED
+    acc["adaptive"] = np.array([61.0, 62.5, 61.5])
+    acc["fixed C = 0.1"] = np.array([57.0, 58, 57.5])
+    acc["fixed C = 1"] = np.array([58.0, 59, 58.5])  # +7 % over the median C, ahead of the best too
+    assert dc.claim2(acc, "quick")[0].verdict is V.PARTLY
     errors = pd.Series([0.5, 5.0], index=[1e-3, 1e-2])
     rows = dc.claim4(30.0, 8.0, errors, 784, "quick")
     assert rows[0].verdict is V.REPRODUCED and rows[1].verdict is V.PARTLY

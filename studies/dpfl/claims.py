@@ -59,17 +59,37 @@ def claim1(fits: pd.DataFrame, by_eps: dict[float, np.ndarray], profile: str) ->
     ]
 
 
+#: The claim as the ledger records it: the gain is judged against a tuned fixed C and a typical one.
+CLAIM2 = ARTICLE["claim2"] + " (against the best and the median fixed C)"
+
+
 def claim2(acc: dict[str, np.ndarray], profile: str) -> list[Finding]:
-    """``acc``: accuracy per seed for each fixed clip norm and for ``adaptive``."""
-    fixed = np.array([v for k, v in acc.items() if k != "adaptive"])  # (clips, seeds)
+    """``acc``: accuracy per seed for each fixed clip norm (keyed ``fixed C = ...``) and for
+    ``adaptive``. The claimed gain is graded against a *typical* fixed C (the median over the grid,
+    per seed) by :func:`studies.claims.in_range`, but capped by the comparison with a *tuned* one (the
+    fixed C with the best mean accuracy, the same for every seed): adaptive clipping below it is not
+    reproduced, and a gain inside the noise against it is at most inconclusive. (Choosing the best C
+    on the same seeds favours fixed clipping slightly; a claim of 15-25 % should survive that.)"""
+    fixed_keys = [k for k in acc if k != "adaptive"]
+    fixed = np.array([acc[k] for k in fixed_keys])  # (clips, seeds)
     typical = np.median(fixed, axis=0)
     gains = 100 * (acc["adaptive"] - typical) / typical  # per seed, against a typical (median) fixed C
-    best = fixed.max(axis=0)
-    f = c.in_range(
-        ARTICLE["claim2"] + " (against the median fixed C)", *ARTICLE["claim2_range"], gains, profile
-    )
-    vs_best = 100 * float(np.mean((acc["adaptive"] - best) / best))
-    return [Finding(f.claim, f"{f.ours}; against the best fixed C {vs_best:+.1f} %", f.verdict, f.reason)]
+    tuned = fixed_keys[int(np.argmax(fixed.mean(axis=1)))]
+    vs_tuned = 100 * (acc["adaptive"] - acc[tuned]) / acc[tuned]
+    f = c.in_range(CLAIM2, *ARTICLE["claim2_range"], gains, profile)
+    m, lo, hi = c.mean_ci(vs_tuned)
+    ours = f"{f.ours} (median C); against the best, {tuned}: {c._interval(m, lo, hi, ' %')}"
+    if profile == "smoke" or f.verdict is Verdict.NOT_EVALUATED:
+        return [Finding(CLAIM2, ours, f.verdict, f.reason)]
+    if len(vs_tuned) >= 2 and hi < 0:
+        return [Finding(CLAIM2, ours, Verdict.NOT_REPRODUCED,
+                        f"adaptive clipping is below the best fixed C ({tuned}): the 95 % interval of "
+                        "the gain is below 0")]
+    if f.verdict in (Verdict.REPRODUCED, Verdict.PARTLY) and not (len(vs_tuned) >= 2 and lo > 0):
+        return [Finding(CLAIM2, ours, Verdict.INCONCLUSIVE,
+                        f"ahead of a typical fixed C, but against the best ({tuned}) the gain is inside "
+                        "the noise")]
+    return [Finding(CLAIM2, ours, f.verdict, f.reason)]
 
 
 def claim3(table: pd.DataFrame, profile: str) -> list[Finding]:

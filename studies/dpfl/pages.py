@@ -27,6 +27,7 @@ from fedlib.privacy.accounting import epsilon_of_gaussian_rounds, rdp_epsilon
 from fedlib.results import atomic_write_bytes
 from fedlib.run import Experiment, load_model
 from studies.common import ConfigSet, Needs, Runs, read_roots, run_all, seeds_for, write_root
+from studies.dpfl.claims import CLAIM2
 from studies.dpfl.settings import ARTICLE, EPSILONS, MIA_EPSILONS, SCALES, config_for, mia_config
 
 
@@ -354,6 +355,6 @@ AFTER_TRAINING = {"dpfl_claim3": save_audit_losses}
 #: page -> the claims its runs decide (the setting and the teaching page only show).
 CLAIMS = {
     "dpfl_claim1": lambda cs: [Needs(ARTICLE["claim1"], tuple(cs))],
-    "dpfl_claim2": lambda cs: [Needs(ARTICLE["claim2"] + " (against the median fixed C)", tuple(cs))],
+    "dpfl_claim2": lambda cs: [Needs(CLAIM2, tuple(cs))],
     "dpfl_claim3": lambda cs: [Needs(ARTICLE["claim3"], tuple(cs))],
 }
