@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PROFILE ?= auto
 DATA_STAMP := data/raw/.fetched
 
-.PHONY: book test test-full test-gpu test-privacy-mutants paper gpu-bundle notebooks data venv bench lint clean help
+.PHONY: book chromium test test-full test-gpu test-privacy-mutants paper gpu-bundle notebooks data venv bench lint clean help
 
 help:
 	@echo "make book   - set up, fetch data, execute every notebook, build the HTML book (PROFILE=$(PROFILE):"
@@ -49,11 +49,21 @@ data: $(DATA_STAMP)
 notebooks: $(DATA_STAMP)
 	$(PY) -m fedlib.tools.notebooks --into-book --profile $(PROFILE)
 
-book: notebooks
+# The browser check needs Chromium: installed here when this is a Debian-like machine and we are root;
+# otherwise make book stops and says how (SKIP_BROWSER_CHECK=1 builds without the check, on purpose).
+chromium:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then exit 0; fi; \
+	if [ -n "$(SKIP_BROWSER_CHECK)" ]; then exit 0; fi; \
+	if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = "0" ]; then \
+		echo "installing chromium for the browser check of the book (apt-get)"; \
+		apt-get update -qq >/dev/null 2>&1; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+		|| { echo "error: could not install chromium; install it (apt-get install chromium) or run SKIP_BROWSER_CHECK=1 make book"; exit 1; }; \
+	else echo "error: the browser check of the book needs Chromium: install it (e.g. apt-get install chromium) or run SKIP_BROWSER_CHECK=1 make book"; exit 1; fi
+
+book: chromium notebooks
 	$(VENV)/bin/jupyter-book build -W -n --keep-going book/
-	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then \
-		$(PY) -m fedlib.tools.browser_check book/_build/html --screenshots book/_build/screenshots; \
-	else echo "chromium not installed: skipping the browser check of the book"; fi
+	@if [ -n "$(SKIP_BROWSER_CHECK)" ]; then echo "browser check skipped (SKIP_BROWSER_CHECK is set)"; \
+	else $(PY) -m fedlib.tools.browser_check book/_build/html --screenshots book/_build/screenshots; fi
 	@echo "book: $(CURDIR)/book/_build/html/index.html"
 
 # ---- tests ------------------------------------------------------------------------------

@@ -425,6 +425,7 @@ def run_many(configs: list[Config], *, engine: str = "auto", device: str | torch
             todo.append(i)
     if todo:
         check_batch([configs[i] for i in todo])
+        check_writable([root, root / "locks"])  # before the first lock is taken: a clear error
         locks = ConfigLocks(root)
         try:
             mine = []

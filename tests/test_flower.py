@@ -155,3 +155,19 @@ def test_committed_quick_runs_agree_within_noise():
         assert all(p.exists() for p in engine + through), f"{label}: committed results missing"
         acc = lambda paths: [100 * Result.load(p).final["test_acc"] for p in paths]  # noqa: E731
         assert flower.agree_within_noise(acc(engine), acc(through)), (label, acc(engine), acc(through))
+
+
+def test_one_worker_process_serves_several_virtual_nodes():
+    """A simulation worker (one Ray actor) plays many virtual nodes in turn: each must get its own
+    client, whatever order they come in (the cache once returned the first node's client to all)."""
+    from types import SimpleNamespace
+
+    from fedlib.flower import client
+
+    config = CASES["fedavg"].validate()
+    client._CACHE.clear()
+    nodes = {p: client._node(config, SimpleNamespace(node_config={"partition-id": p}, run_config={}))
+             for p in (1, 0, 2, 1)}
+    assert {p: n.clients for p, n in nodes.items()} == {0: [0], 1: [1], 2: [2]}
+    with pytest.raises(ValueError, match="partition-id"):
+        client._node(config, SimpleNamespace(node_config={}, run_config={}))

@@ -36,9 +36,11 @@ from fedlib.tree import index, stack
 
 app = ClientApp()
 
-#: The last config's objects in this process (a simulation worker serves many virtual nodes of one
-#: run, and each needs the same objects).
-_CACHE: dict[str, object] = {}
+#: The nodes this process plays for its current config, by (config key, node); a simulation worker
+#: serves many virtual nodes of one run in turn.
+_CACHE: dict[tuple[str, str], NodeClients] = {}
+#: The current config's experiment (dataset and partition) in a simulation worker.
+_EXPERIMENTS: dict[str, object] = {}
 STATE_PREFIX = "fedlib.client_state."
 
 
@@ -93,12 +95,22 @@ def write_node_data(config: Config, clients: list[int], path: Path, experiment=N
 
 
 def _node(config: Config, context: Context) -> NodeClients:
-    """This process's clients for ``config`` (built once per config and process)."""
+    """This node's clients for ``config``, built once per config and node. A simulation worker
+    process serves many virtual nodes in turn, so the cache is keyed by the node too (each node
+    plays its own client) and the shared experiment (dataset and partition) is built once per
+    config and process."""
+    deployed = "data-dir" in context.node_config
+    if not deployed and "partition-id" not in context.node_config:
+        raise ValueError("the SuperNode needs --node-config 'data-dir=\"DIR\" node-id=N' (deployment) or "
+                         "'partition-id=<fedlib client id>' (simulation)")
     key = config.key()
-    if key in _CACHE:
-        return _CACHE[key]  # type: ignore[return-value]
-    _CACHE.clear()
-    if "data-dir" in context.node_config:  # deployment: this node's own file for this run
+    ident = (f"node{int(context.node_config['node-id'])}" if deployed
+             else f"partition{int(context.node_config['partition-id'])}")
+    if (key, ident) in _CACHE:
+        return _CACHE[key, ident]
+    for old in [k for k in _CACHE if k[0] != key]:  # a process serves one run at a time
+        del _CACHE[old]
+    if deployed:  # this node's own file for this run
         name = str(context.run_config["fedlib-node-data"]).format(node=int(context.node_config["node-id"]))
         d = torch.load(Path(str(context.node_config["data-dir"])) / name, weights_only=True)
         if d["config_key"] != key:
@@ -107,15 +119,15 @@ def _node(config: Config, context: Context) -> NodeClients:
     else:
         from fedlib.run import Experiment
 
-        if "partition-id" not in context.node_config:
-            raise ValueError("the SuperNode needs --node-config 'data-dir=\"DIR\" node-id=N' (deployment) or "
-                             "'partition-id=<fedlib client id>' (simulation)")
+        if key not in _EXPERIMENTS:
+            _EXPERIMENTS.clear()
+            _EXPERIMENTS[key] = Experiment(config, torch.device("cpu"))
+        exp = _EXPERIMENTS[key]
         cid = int(context.node_config["partition-id"])
-        exp = Experiment(config, torch.device("cpu"))
         part = torch.as_tensor(exp.parts[cid])
         node = NodeClients(config, {cid: exp.data.x_train[part]}, {cid: exp.data.y_train[part]},
                            [len(p) for p in exp.parts])
-    _CACHE[key] = node
+    _CACHE[key, ident] = node
     return node
 
 

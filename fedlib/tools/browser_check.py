@@ -12,6 +12,11 @@
 * content wider than the page: after layout, the document scrolls sideways, or an element of
   the article reaches past the right edge of the window (wide tables must scroll inside their
   own box, long commands must wrap);
+* raw program output in the prose or tables (``inf``, ``NaN``, internal column names such as
+  ``acc_mean``, a ``Config(...)`` repr, a Python dict);
+* a figure shown so much smaller than its pixel width that its text falls below ~10 px;
+* on a page with the privacy explorer: it must draw, have four sliders, change its readout when a
+  slider moves (the script moves one), and draw no text under 10 px;
 
 and saves one screenshot per page. Needs Debian's ``chromium`` (``.ci/run`` installs it).
 """
@@ -71,6 +76,12 @@ window.addEventListener("load", function () { setTimeout(function () {
     }
   });
   if (document.documentElement.scrollWidth > w + 2) bad.push("the page scrolls sideways");
+  document.querySelectorAll("article figure img").forEach(function (i) {
+    if (i.naturalWidth > 0 && i.clientWidth / i.naturalWidth < SCALE) {
+      bad.push("figure " + i.getAttribute("src").split("/").pop() + " shown at " +
+               Math.round(100 * i.clientWidth / i.naturalWidth) + " % of its width: its text is small");
+    }
+  });
   var m = document.createElement("div"); m.id = "fedlib-overflow-probe";
   m.setAttribute("data-overflow", bad.join("; ")); document.body.appendChild(m);
 }, 2500); });
@@ -78,6 +89,43 @@ window.addEventListener("load", function () { setTimeout(function () {
 PROBE_RESULT = re.compile(r'id="fedlib-overflow-probe"[^>]*data-overflow="([^"]*)"|'
                           r'data-overflow="([^"]*)"[^>]*id="fedlib-overflow-probe"')
 FILE_NAME = re.compile(r"^[\w./-]+\.(png|svg|jpe?g|gif)$", re.IGNORECASE)
+#: Raw program output a reader should never see in the prose or tables of a page: non-finite numbers,
+#: internal column names, a config's repr, a Python dict.
+RAW_OUTPUT = re.compile(r"(?<![\w.-])(-?inf|NaN|nan)(?![\w-])|acc_mean|acc_std|loss_mean|Config\(|"
+                        r"\{'[a-z_]+': ")
+#: A figure shown at less than this fraction of its pixel width shrinks its text below ~10 px (the
+#: figures use 11-pt and larger fonts at 100 dpi; see fedlib.plots).
+MIN_FIGURE_SCALE = 0.6
+
+#: Script added to a copy of a page with the privacy explorer: it reads the explorer's readout, moves
+#: its first slider, and records the readout before and after (and the sizes of its text).
+EXPLORER_PROBE = """<script>
+function texts() { return document.querySelectorAll("#privacy-explorer svg text"); }
+function readout() {
+  var t = []; texts().forEach(function (e) { t.push(e.textContent); }); return t.join(" | ");
+}
+window.addEventListener("load", function () { setTimeout(function () {
+  var before = readout(), small = [];
+  var inputs = document.querySelectorAll("#privacy-explorer input[type=range]");
+  texts().forEach(function (e) {
+    var px = parseFloat(getComputedStyle(e).fontSize);
+    if (px < 10) small.push(e.textContent + " (" + px + " px)");
+  });
+  if (inputs.length) {
+    var s = inputs[0]; s.value = String((Number(s.value) + 3) % (Number(s.max) + 1));
+    s.dispatchEvent(new Event("input", {bubbles: true}));
+    s.dispatchEvent(new Event("change", {bubbles: true}));
+  }
+  setTimeout(function () {
+    var m = document.createElement("div"); m.id = "fedlib-explorer-probe";
+    m.setAttribute("data-sliders", String(inputs.length));
+    m.setAttribute("data-before", before); m.setAttribute("data-after", readout());
+    m.setAttribute("data-small", small.join("; "));
+    document.body.appendChild(m);
+  }, 1500);
+}, 3000); });
+</script>"""
+EXPLORER_RESULT = re.compile(r'<div id="fedlib-explorer-probe"([^>]*)>')
 
 
 class _Page(HTMLParser):
@@ -204,10 +252,44 @@ def check_page(chromium: str, page: Path, root: Path, shots: Path | None) -> Pag
             report.problems.append(f"figure {name} without alt text (alt={fig['alt']!r})")
         if fig["figure"] is None or fig["figure"] not in parsed.captioned:
             report.problems.append(f"figure {name} without a caption")
+    raw_out = RAW_OUTPUT.search(text)
+    if raw_out:
+        i = raw_out.start()
+        report.problems.append(f"raw program output in the text: ...{text[max(0, i - 40):i + 40]!r}...")
     overflow = _overflow(chromium, page)
     if overflow:
         report.problems.append(f"content wider than the page: {overflow}")
+    if 'id="privacy-explorer"' in page.read_text(errors="replace"):
+        report.problems.extend(explorer_problems(chromium, page))
     return report
+
+
+def explorer_problems(chromium: str, page: Path) -> list[str]:
+    """Load a copy of ``page`` with :data:`EXPLORER_PROBE`: the explorer must draw its readout, have
+    four sliders, change its readout when a slider moves, and draw no text under 10 px."""
+    html = page.read_text(errors="replace")
+    probe = page.with_name(f".explorer-{page.name}")
+    probe.write_text(_before_body_end(html, EXPLORER_PROBE))
+    try:
+        with tempfile.TemporaryDirectory() as prof:
+            dom = subprocess.run([chromium, *_flags(prof), "--dump-dom", probe.as_uri()], capture_output=True,
+                                 text=True, timeout=120).stdout
+    finally:
+        probe.unlink(missing_ok=True)
+    m = EXPLORER_RESULT.search(dom)
+    if m is None:
+        return ["the privacy explorer probe did not run"]
+    attrs = dict(re.findall(r'data-(\w+)="([^"]*)"', m.group(1)))
+    problems = []
+    if attrs.get("sliders") != "4":
+        problems.append(f"the privacy explorer has {attrs.get('sliders')} sliders, not 4")
+    if "noise std on the average update" not in attrs.get("before", ""):
+        problems.append("the privacy explorer drew no readout")
+    elif attrs.get("before") == attrs.get("after"):
+        problems.append("moving the privacy explorer's slider changed nothing")
+    if attrs.get("small"):
+        problems.append(f"the privacy explorer has text under 10 px: {attrs['small'][:200]}")
+    return problems
 
 
 def _overflow(chromium: str, page: Path) -> str:
@@ -217,7 +299,7 @@ def _overflow(chromium: str, page: Path) -> str:
     if "</body>" not in html:
         return ""
     probe = page.with_name(f".probe-{page.name}")
-    probe.write_text(html.replace("</body>", PROBE + "</body>", 1))
+    probe.write_text(_before_body_end(html, PROBE.replace("SCALE", str(MIN_FIGURE_SCALE))))
     try:
         with tempfile.TemporaryDirectory() as prof:
             dom = subprocess.run([chromium, *_flags(prof), "--dump-dom", probe.as_uri()], capture_output=True,
@@ -228,6 +310,13 @@ def _overflow(chromium: str, page: Path) -> str:
     if m is None:
         return "the overflow probe did not run"
     return (m.group(1) or m.group(2) or "").replace("&gt;", ">")
+
+
+def _before_body_end(html: str, script: str) -> str:
+    """``script`` inserted before the page's *last* ``</body>`` (inlined JavaScript libraries may hold
+    the string ``</body>`` themselves)."""
+    head, tag, tail = html.rpartition("</body>")
+    return head + script + tag + tail
 
 
 def pages_of(html_root: Path) -> list[Path]:
