@@ -109,9 +109,16 @@ def mean_curves(curves: dict, title: str | None = None, footer: str | None = Non
     horizontal lines (either may be None). The legend sits below the panels.
     """
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10.5, 4.4))
+    drawn: dict[str, object] = {}
     for i, (label, df) in enumerate(curves.items()):
         key = str(label).split(" (")[0]
-        kw = {"color": color(key), "label": (names or {}).get(label, LABELS.get(label, label)),
+        name = (names or {}).get(label, LABELS.get(label, label))
+        same = [n for n, other in drawn.items() if len(other) == len(df)
+                and np.allclose(other["acc_mean"], df["acc_mean"], atol=0.01)]
+        if same:  # a curve that lies on an earlier one: say so, or the reader sees one line short
+            name = f"{name} (on {same[0]}'s curve)"
+        drawn[(names or {}).get(label, LABELS.get(label, label))] = df
+        kw = {"color": color(key), "label": name,
               "markevery": max(1, len(df) // 8), "markersize": 4, **_STYLES[i % len(_STYLES)]}
         kw.update((styles or {}).get(label, {}))
         ax_acc.plot(df["round"], df["acc_mean"], **kw)
