@@ -183,9 +183,11 @@ def test_ledger_puts_paper_scale_rows_first_and_counts_by_profile():
 def test_the_front_page_states_each_papers_reduction_from_the_configs():
     from studies import ledger
 
-    assert ledger.reduction("MOON-DPAP", "quick").startswith("20 of 200 rounds, 4,000 of 60,000 training images")
+    moon = ledger.reduction("MOON-DPAP", "quick")
+    assert moon.startswith("20 of 200 rounds, 4,000 of 60,000 training images"), moon
     assert "model mlp instead of mcmahan_cnn" in ledger.reduction("FDL", "quick")
-    assert ledger.reduction("DP-FL analysis", "paper").startswith("all 100 rounds, all 60,000 training images")
+    dpfl = ledger.reduction("DP-FL analysis", "paper")
+    assert dpfl.startswith("all 100 rounds, all 60,000 training images"), dpfl
     with pytest.raises(KeyError):
         ledger.reduction("another paper", "quick")
 
