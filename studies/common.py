@@ -252,6 +252,48 @@ def fmt(mean: float, std: float, seeds: int, digits: int = 2) -> str:
     return f"{mean:.{digits}f}" if seeds < 2 else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
+#: Readable headers for the columns the pages compute (see :func:`readable`).
+HEADERS = {
+    "index": "", "acc_mean": "accuracy (%)", "acc_std": "std (pp)", "loss_mean": "final test loss",
+    "loss_std": "loss std",
+    "seeds": "seeds", "z": "noise multiplier z", "epsilon": "epsilon",
+    "true_eps_round": "true epsilon / round",
+    "true_eps_run": "true epsilon / run", "sent_frac": "fraction of coordinates sent",
+}
+
+
+def readable(df: pd.DataFrame, digits: int = 2, headers: Mapping[str, str] | None = None,
+             missing: str = "n/a") -> pd.DataFrame:
+    """``df`` for a reader: readable headers (:data:`HEADERS`, then ``headers``), numbers rounded to
+    ``digits`` as text, an infinite loss or accuracy shown as "diverged", an infinite budget as
+    "none (no DP)", other infinities as "unbounded" and missing values as ``missing``; a fresh
+    0-based index dropped."""
+    names = {**HEADERS, **(headers or {})}
+    out = df.reset_index(drop=isinstance(df.index, pd.RangeIndex) and df.index.name is None)
+
+    def cell(column: str, v):
+        if isinstance(v, bool | np.bool_):
+            return "yes" if v else "no"
+        if isinstance(v, int | np.integer):
+            return f"{int(v):,}"
+        if isinstance(v, float | np.floating):
+            if math.isnan(v):
+                return missing
+            if math.isinf(v):
+                if "loss" in column or "acc" in column:
+                    return "diverged"
+                return "none (no DP)" if column in ("epsilon", "dp_epsilon") else "unbounded"
+            return f"{v:,.{digits}f}" if abs(v) < 1e5 else f"{v:.2e}"
+        return missing if v is None else v
+
+    return pd.DataFrame({names.get(str(c), str(c)): [cell(str(c), v) for v in out[c]] for c in out.columns})
+
+
+def table_for_reader(df: pd.DataFrame, digits: int = 2, headers: Mapping[str, str] | None = None):
+    """:func:`readable` as a styled table without the row numbers (what a page shows)."""
+    return readable(df, digits, headers).style.hide(axis="index")
+
+
 def untrained_accuracy(config: Config) -> float:
     """Test accuracy (%) of the initial global model of ``config`` (round 0): the level a method
     that learns nothing stays at, which for a random model can lie below chance."""

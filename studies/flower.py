@@ -94,10 +94,39 @@ def timing() -> tuple[pd.DataFrame, dict] | None:
     d = json.loads(files[-1].read_text())
     table = pd.DataFrame(d["rows"]).rename(columns={"engine": "path"})
     table = table.rename(columns={"engine_name": "engine"})
+    table["engine"] = table["engine"].replace({"Flower": "Flower simulation"})  # files before deployment
     table["peak memory (GiB)"] = table.pop("peak_rss_mb") / 1024
     table = table.rename(columns={"s_per_round": "s/round", "startup_s": "start-up (s)"})
     return table[["method", "engine", "rounds", "s/round", "start-up (s)", "peak memory (GiB)"]], {
         **d["provenance"], "time": d["time"], "file": files[-1].name}
+
+
+def timing_summary(timing: pd.DataFrame) -> str:
+    """A sentence on the measured ratios of Flower's paths to fedlib's engine (from :func:`timing`)."""
+    wide = timing.pivot(index="method", columns="engine",
+                        values=["s/round", "start-up (s)", "peak memory (GiB)"])
+    base = "fedlib engine"
+    parts = []
+    for engine in [e for e in timing["engine"].unique() if e != base]:
+        ratio = wide[("s/round", engine)] / wide[("s/round", base)]
+        memory = wide[("peak memory (GiB)", engine)] / wide[("peak memory (GiB)", base)]
+        parts.append(f"{engine} took {ratio.min():.2f} to {ratio.max():.2f} times the engine's time per "
+                     f"round, paid {wide[('start-up (s)', engine)].max():.0f} s of start-up once per run "
+                     "and used "
+                     f"{memory.min():.1f} to {memory.max():.1f} times its memory")
+    return ("Per configuration: " + "; ".join(parts) + ". The clients' training dominates each round; "
+            "what Flower adds is start-up (Ray and its workers, or the SuperLink and SuperNodes) and "
+            "the processes' memory. What it buys is the real structure: the model travels to each "
+            "client and back as a message every round, and the clients could be other machines.")
+
+
+def dp_table(rows: list[dict]) -> pd.DataFrame:
+    """The DP cross-check (:func:`fedlib.flower.dp_check.cross_check`) as a readable table."""
+    t = pd.DataFrame(rows)
+    return pd.DataFrame({"implementation": t["implementation"],
+                         "largest difference of the noiseless mean": t["max_mean_diff"],
+                         "noise std": t["noise_std"], "target std zC/m": t["target_std"],
+                         "noise std / target": t["noise_std"] / t["target_std"]})
 
 
 def agree_within_noise(engine_pct: list[float], flower_pct: list[float], margin_pp: float = 0.5) -> bool:

@@ -151,6 +151,43 @@ def page_titles() -> dict[str, str]:
     return out
 
 
+def _setting(paper: str, profile: str):
+    """A representative configuration of ``paper``'s study at ``profile`` and that profile's seeds."""
+    from studies.common import scale_of
+    from studies.dpfl import settings as dpfl
+    from studies.fdl import settings as fdl
+    from studies.moon_dpap import settings as moon_dpap
+
+    if paper == "MOON-DPAP":
+        return moon_dpap.config_for("fedavg", profile), scale_of(moon_dpap.SCALES, profile).seeds
+    if paper == "FDL":
+        return fdl.config_for("noldp", profile), scale_of(fdl.SCALES, profile).seeds
+    if paper == "DP-FL analysis":
+        return dpfl.base_config(profile), scale_of(dpfl.SCALES, profile).seeds
+    raise KeyError(paper)
+
+
+def reduction(paper: str, profile: str) -> str:
+    """What ``profile`` keeps of ``paper``'s study at the ``paper`` profile, computed from the two
+    configurations (e.g. "20 of 200 rounds, 4,000 of 60,000 training images, 3 seeds")."""
+    from fedlib.data import TRAIN_SIZE
+
+    cfg, seeds = _setting(paper, profile)
+    ref, ref_seeds = _setting(paper, "paper")
+    images = lambda c: c.train_samples or TRAIN_SIZE  # noqa: E731 (0 means the full split)
+    parts = [f"{cfg.rounds} of {ref.rounds} rounds" if cfg.rounds != ref.rounds
+             else f"all {cfg.rounds} rounds",
+             f"{images(cfg):,} of {images(ref):,} training images" if images(cfg) != images(ref)
+             else f"all {images(cfg):,} training images"]
+    if cfg.clients != ref.clients:
+        parts.append(f"{cfg.clients} of {ref.clients} clients")
+    if cfg.model != ref.model:
+        parts.append(f"model {cfg.model} instead of {ref.model}")
+    parts.append(f"{seeds} seed{'s' if seeds != 1 else ''}" + (f" (paper profile: {ref_seeds})"
+                                                                if seeds != ref_seeds else ""))
+    return ", ".join(parts)
+
+
 def bottom_line(df: pd.DataFrame, paper: str) -> str:
     """Three sentences on one paper, from its findings: the count per class, what did not hold, and
     what the evidence cannot decide yet."""

@@ -178,3 +178,35 @@ def test_ledger_puts_paper_scale_rows_first_and_counts_by_profile():
     assert list(out["claim"]) == ["b", "d", "a", "c"]
     counts = ledger.counts_by_profile(df)
     assert list(counts.columns) == ["paper", "quick"] and counts.loc["DP-FL analysis", "paper"] == 2
+
+
+def test_the_front_page_states_each_papers_reduction_from_the_configs():
+    from studies import ledger
+
+    moon = ledger.reduction("MOON-DPAP", "quick")
+    assert moon.startswith("20 of 200 rounds, 4,000 of 60,000 training images"), moon
+    assert "model mlp instead of mcmahan_cnn" in ledger.reduction("FDL", "quick")
+    dpfl = ledger.reduction("DP-FL analysis", "paper")
+    assert dpfl.startswith("all 100 rounds, all 60,000 training images"), dpfl
+    with pytest.raises(KeyError):
+        ledger.reduction("another paper", "quick")
+
+
+def test_tables_for_readers_have_no_raw_values():
+    import math
+
+    import pandas as pd
+
+    from fedlib.tools.browser_check import RAW_OUTPUT
+    from studies.common import readable, table_for_reader
+
+    df = pd.DataFrame({"epsilon": [1.0, math.inf], "acc_mean": [50.123, float("nan")],
+                       "loss_mean": [0.5, math.inf], "true_eps_run": [math.inf, 2e6], "seeds": [3, 1],
+                       "agree": [True, None]})
+    out = readable(df)
+    assert list(out.columns) == ["epsilon", "accuracy (%)", "final test loss", "true epsilon / run", "seeds",
+                                 "agree"]
+    assert out.iloc[1].tolist() == ["none (no DP)", "n/a", "diverged", "2.00e+06", "1", "n/a"]
+    assert out.iloc[0].tolist() == ["1.00", "50.12", "0.50", "unbounded", "3", "yes"]
+    html = table_for_reader(df).to_html()
+    assert not RAW_OUTPUT.search(html.replace("<", " <")), RAW_OUTPUT.search(html)

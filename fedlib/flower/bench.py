@@ -55,12 +55,29 @@ def measure_flower(config: Config, cpus: int | None = None) -> dict:
             "peak_rss_mb": flower["peak_rss_mb"], "engine": "flower", "test_acc": result.final["test_acc"]}
 
 
-def compare(configs: dict[str, Config], cpus: int | None = None) -> list[dict]:
-    """One row per (label, engine)."""
+def measure_deployment(config: Config, nodes: int = 3) -> dict:
+    """The same configuration on Flower's Deployment Runtime: a SuperLink and ``nodes`` SuperNodes as
+    local processes (:func:`fedlib.flower.deploy.deploy`). Start-up runs from the call to the
+    SuperNodes' connecting; memory is the peak over all those processes."""
+    from fedlib.flower.deploy import deploy
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.time()
+        result = deploy([config], nodes=nodes, root=Path(tmp), progress=False)[0]
+        total = time.time() - t0
+    flower = result.meta["flower"]
+    return {"s_per_round": _per_round(result.history), "total_s": total, "startup_s": flower["startup_s"],
+            "peak_rss_mb": flower["peak_rss_mb"], "engine": f"flower deployment ({nodes} SuperNodes)",
+            "test_acc": result.final["test_acc"]}
+
+
+def compare(configs: dict[str, Config], cpus: int | None = None, nodes: int = 3) -> list[dict]:
+    """One row per (label, engine): fedlib's engine, Flower's simulation, Flower's deployment."""
     rows = []
     for label, config in configs.items():
         for name, fn in (("fedlib engine", lambda c: measure_engine(c)),
-                         ("Flower", lambda c: measure_flower(c, cpus))):
+                         ("Flower simulation", lambda c: measure_flower(c, cpus)),
+                         (f"Flower deployment ({nodes} SuperNodes)", lambda c: measure_deployment(c, nodes))):
             rows.append({"method": label, "engine_name": name, "rounds": config.rounds,
                          "config_key": config.key(), **fn(config)})
     return rows

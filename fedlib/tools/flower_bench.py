@@ -1,6 +1,7 @@
 """``python -m fedlib.tools.flower_bench [--save]``: time and memory of fedlib's engine and of Flower
-on the Flower page's configurations (seed 0 of FedAvg and of MOON-DPAP with client-level DP),
-measured one after the other on this machine; see :mod:`fedlib.flower.bench`. Needs the Flower
+on the Flower page's configurations (seed 0 of FedAvg and of MOON-DPAP with client-level DP), through
+Flower's simulation and its deployment runtime (local SuperNodes), measured one after the other on
+this machine; see :mod:`fedlib.flower.bench`. Needs the Flower
 extra. The book's Flower page shows the committed file (``data/bench/flower/``)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default="quick", help="profile of the configurations (default: quick)")
     p.add_argument("--rounds", type=int, default=10, help="rounds per measurement (default: 10)")
     p.add_argument("--cpus", type=int, default=None, help="CPUs the simulation may use (default: all)")
+    p.add_argument("--nodes", type=int, default=3, help="SuperNodes of the deployment run (default: 3)")
     p.add_argument("--save", action="store_true", help="write data/bench/flower/<device>-<date>.json")
     args = p.parse_args(argv)
     if args.rounds < 2:
@@ -29,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
 
     configs = page.configs(args.profile, 1)
     chosen = {label: configs[label][0].replace(rounds=args.rounds) for label in ("FedAvg", page.DP_LABEL)}
-    rows = compare(chosen, cpus=args.cpus)
+    rows = compare(chosen, cpus=args.cpus, nodes=args.nodes)
     for row in rows:
         print(json.dumps(row))
     if args.save:

@@ -147,7 +147,9 @@ def explorer_html(chart: alt.Chart, div_id: str = "privacy-explorer") -> str:
         bundle = bundle.replace("</script", "<\\/script")
     options = {"renderer": "svg", "actions": False, "mode": "vega-lite"}
     return (f"<style>#{div_id}.vega-embed {{ width: 100%; display: flex; }}</style>\n"
-            f'<script type="text/javascript">\n{bundle}\n</script>\n'
+            # in a function of its own: the bundle's top-level names (``_`` among them) would clash
+            # with the page's other scripts; it exports window.vegaEmbed
+            f'<script type="text/javascript">(function () {{\n{bundle}\n}})();</script>\n'
             f'<div class="vega-visualization" id="{div_id}"></div>\n'
             f'<script type="text/javascript">(function () {{ vegaEmbed("#{div_id}", {json.dumps(spec)}, '
             f"{json.dumps(options)}).catch(console.error); }})();</script>\n")
