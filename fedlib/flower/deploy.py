@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -88,6 +89,14 @@ class Deployment:
         from fedlib.flower.client import write_node_data
         from fedlib.run import Experiment
 
+        # a SIGTERM (timeout, kill, a job scheduler) must still stop every process started here:
+        # Python runs no cleanup on SIGTERM unless it is turned into an exception
+        self._old_term = None
+        if threading.current_thread() is threading.main_thread():
+            def _terminate(signum, frame):
+                raise SystemExit(128 + signum)
+
+            self._old_term = signal.signal(signal.SIGTERM, _terminate)
         home = self.workdir / "flwr-home"
         home.mkdir(parents=True, exist_ok=True)
         (home / "config.toml").write_text(f'[superlink]\ndefault = "fedlib"\n\n[superlink.fedlib]\n'
@@ -157,6 +166,8 @@ class Deployment:
         return time.time() - t0
 
     def __exit__(self, *exc) -> None:
+        if self._old_term is not None:
+            signal.signal(signal.SIGTERM, self._old_term)
         for p in reversed(self.procs):
             try:
                 os.killpg(p.pid, signal.SIGTERM)
