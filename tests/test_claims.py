@@ -117,6 +117,11 @@ def test_close_is_a_sanity_check_when_a_term_is_inert():
     near = c.close("x", [50.0, 51.0, 52.0], [50.3, 51.2, 51.9], 2.0, "quick", inert_reason="inert")
     assert near.verdict is V.REPRODUCED  # 0.3 points apart in a seed: evidence, not construction
     assert c.close("x", [50.0, 51.0, 52.0], [50.01, 51.0, 51.98], 2.0, "quick").verdict is V.REPRODUCED
+    # the committed quick runs: one test image in 2,000 apart (0.05 points, 65.65 - 65.6 in floats)
+    edge = c.close("x", [65.6, 64.9, 65.4], [65.65, 64.85, 65.4], 2.0, "quick", inert_reason="inert")
+    assert edge.verdict is V.SANITY
+    over = c.close("x", [65.6, 64.9, 65.4], [65.70, 64.85, 65.4], 2.0, "quick", inert_reason="inert")
+    assert over.verdict is V.REPRODUCED  # two images apart: beyond the inert threshold
 
 
 def test_an_ordering_under_cut_schedules_needs_a_decisive_interval():
