@@ -267,16 +267,7 @@ def check_page(chromium: str, page: Path, root: Path, shots: Path | None) -> Pag
 def explorer_problems(chromium: str, page: Path) -> list[str]:
     """Load a copy of ``page`` with :data:`EXPLORER_PROBE`: the explorer must draw its readout, have
     four sliders, change its readout when a slider moves, and draw no text under 10 px."""
-    html = page.read_text(errors="replace")
-    probe = page.with_name(f".explorer-{page.name}")
-    probe.write_text(_before_body_end(html, EXPLORER_PROBE))
-    try:
-        with tempfile.TemporaryDirectory() as prof:
-            dom = subprocess.run([chromium, *_flags(prof), "--dump-dom", probe.as_uri()], capture_output=True,
-                                 text=True, timeout=120).stdout
-    finally:
-        probe.unlink(missing_ok=True)
-    m = EXPLORER_RESULT.search(dom)
+    m = EXPLORER_RESULT.search(_dom_with(chromium, page, EXPLORER_PROBE, ".explorer-"))
     if m is None:
         return ["the privacy explorer probe did not run"]
     attrs = dict(re.findall(r'data-(\w+)="([^"]*)"', m.group(1)))
@@ -295,21 +286,26 @@ def explorer_problems(chromium: str, page: Path) -> list[str]:
 def _overflow(chromium: str, page: Path) -> str:
     """Load a copy of ``page`` with :data:`PROBE` added (beside it, so its relative links resolve)
     and return what the probe found ('' when nothing overflows)."""
-    html = page.read_text(errors="replace")
-    if "</body>" not in html:
+    if "</body>" not in page.read_text(errors="replace"):
         return ""
-    probe = page.with_name(f".probe-{page.name}")
-    probe.write_text(_before_body_end(html, PROBE.replace("SCALE", str(MIN_FIGURE_SCALE))))
-    try:
-        with tempfile.TemporaryDirectory() as prof:
-            dom = subprocess.run([chromium, *_flags(prof), "--dump-dom", probe.as_uri()], capture_output=True,
-                                 text=True, timeout=120).stdout
-    finally:
-        probe.unlink(missing_ok=True)
-    m = PROBE_RESULT.search(dom)
+    probe = PROBE.replace("SCALE", str(MIN_FIGURE_SCALE))
+    m = PROBE_RESULT.search(_dom_with(chromium, page, probe, ".probe-"))
     if m is None:
         return "the overflow probe did not run"
     return (m.group(1) or m.group(2) or "").replace("&gt;", ">")
+
+
+def _dom_with(chromium: str, page: Path, script: str, prefix: str) -> str:
+    """The DOM headless Chromium dumps for a copy of ``page`` with ``script`` added (written beside
+    it, so its relative links resolve, and removed afterwards)."""
+    probe = page.with_name(f"{prefix}{page.name}")
+    probe.write_text(_before_body_end(page.read_text(errors="replace"), script))
+    try:
+        with tempfile.TemporaryDirectory() as prof:
+            return subprocess.run([chromium, *_flags(prof), "--dump-dom", probe.as_uri()],
+                                  capture_output=True, text=True, timeout=120).stdout
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 def _before_body_end(html: str, script: str) -> str:
