@@ -71,13 +71,16 @@ def measure_deployment(config: Config, nodes: int = 3) -> dict:
             "test_acc": result.final["test_acc"]}
 
 
-def compare(configs: dict[str, Config], cpus: int | None = None, nodes: int = 3) -> list[dict]:
-    """One row per (label, engine): fedlib's engine, Flower's simulation, Flower's deployment."""
+def compare(configs: dict[str, Config], cpus: int | None = None, nodes: int = 0) -> list[dict]:
+    """One row per (label, engine): fedlib's engine, Flower's simulation, and with ``nodes`` > 0
+    Flower's deployment on that many local SuperNodes."""
+    paths = [("fedlib engine", lambda c: measure_engine(c)),
+             ("Flower simulation", lambda c: measure_flower(c, cpus))]
+    if nodes:
+        paths.append((f"Flower deployment ({nodes} SuperNodes)", lambda c: measure_deployment(c, nodes)))
     rows = []
     for label, config in configs.items():
-        for name, fn in (("fedlib engine", lambda c: measure_engine(c)),
-                         ("Flower simulation", lambda c: measure_flower(c, cpus)),
-                         (f"Flower deployment ({nodes} SuperNodes)", lambda c: measure_deployment(c, nodes))):
+        for name, fn in paths:
             rows.append({"method": label, "engine_name": name, "rounds": config.rounds,
                          "config_key": config.key(), **fn(config)})
     return rows
