@@ -15,7 +15,7 @@ help:
 	@echo "make test   - set up, fetch data, run the test suite"
 	@echo "make test-full - the tests and the heavy statistical audits"
 	@echo "make test-gpu - the tests that exercise CUDA (skipped without a GPU)"
-	@echo "make test-privacy-mutants - mutation testing of the privacy code (mutmut; hours)"
+	@echo "make test-privacy-mutants - mutation testing of the privacy code (mutmut; hours; MUTANTS_MIN=N stops, the next run resumes)"
 	@echo "make bench  - engine benchmark (saved under data/bench/)"
 	@echo "make paper  - one slice of the paper-scale campaign (a GPU; BUDGET_MIN=25)"
 	@echo "make gpu-bundle - wheels and gzipped data for an offline GPU node (bash tools/gpu-slice.sh there)"
@@ -77,11 +77,10 @@ test-full: $(DATA_STAMP) $(FLOWER_STAMP)
 
 # Mutation testing of the privacy code (mutmut; hours on a 2-core CPU, not part of make test): the
 # report, with every mutant's status and the argument for each equivalent survivor, goes to
-# data/audits/privacy-mutants.json; it fails while a survivor is unexplained.
-MUTMUT := mutmut==3.8.1
+# data/audits/privacy-mutants.json; it fails while a survivor is unexplained. MUTANTS_MIN=N stops
+# after N minutes; the next run resumes (mutmut keeps its verdicts in .mutants/).
 test-privacy-mutants: $(DATA_STAMP) $(FLOWER_STAMP)
-	$(PY) -m pip install -q $(MUTMUT) 2>&1 | grep -v "is ignored: it is neither" || true
-	$(PY) -m fedlib.tools.privacy_mutants run
+	$(PY) -m fedlib.tools.privacy_mutants run $(if $(MUTANTS_MIN),--budget-min $(MUTANTS_MIN))
 
 test-gpu: $(DATA_STAMP)
 	$(PY) -m pytest -m gpu -v -rs

@@ -28,8 +28,11 @@ from fedlib.privacy import central, record
 from fedlib.privacy.record import PrivacyMismatch, SensitivityError
 from fedlib.run import Experiment
 
+# The small MLP: what these tests check (releases, records, sensitivity) does not depend on the
+# model, and the CNN made each MOON-DPAP run several times slower (this file is also the test
+# command of every mutant in make test-privacy-mutants).
 SMOKE = dict(clients=6, train_samples=600, test_samples=100, rounds=3, min_client_samples=20, lr=0.05,
-             momentum=0.0, profile="smoke")
+             momentum=0.0, profile="smoke", model="mlp")
 PRIVATE = {
     "dp_fedavg fixed": Config(algorithm="dp_fedavg", client_fraction=0.5, dp_clip=0.05,
                               dp_noise_multiplier=1.0, **SMOKE),
@@ -39,9 +42,9 @@ PRIVATE = {
     "moon_dpap local": Config(algorithm="moon_dpap", dp="local", dp_clip=0.05, **SMOKE),
     "moon_dpap record": Config(algorithm="moon_dpap", dp="record", dp_schedule="constant", dp_clip=1.0,
                                dp_epsilon_total=8.0, **SMOKE),
-    "ldp_fl": Config(algorithm="ldp_fl", model="mlp", **SMOKE),
-    "signds_fl": Config(algorithm="signds_fl", model="mlp", **SMOKE),
-    "fdl corrected": Config(algorithm="fdl", model="mlp", fdl_mode="corrected", **SMOKE),
+    "ldp_fl": Config(algorithm="ldp_fl", **SMOKE),
+    "signds_fl": Config(algorithm="signds_fl", **SMOKE),
+    "fdl corrected": Config(algorithm="fdl", fdl_mode="corrected", **SMOKE),
 }
 
 

@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,24 +43,69 @@ REPORT = REPO_ROOT / "data" / "audits" / "privacy-mutants.json"
 EQUIVALENT: list[tuple[str, str, str, str]] = []
 
 
-def _mutmut(args: list[str], cwd: Path, env: dict, log=None, timeout: float | None = None) -> str:
+def _mutmut(args: list[str], cwd: Path, env: dict) -> str:
+    """Run one short mutmut command (results, show, version) in ``cwd`` and return its output."""
     out = subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=cwd, env=env, text=True,
-                         stdout=subprocess.PIPE if log is None else log, stderr=subprocess.STDOUT,
-                         timeout=timeout)
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     if out.returncode not in (0, 1):  # mutmut exits 1 when there are survivors
-        raise RuntimeError(f"mutmut {' '.join(args)} failed with {out.returncode}: "
-                           f"{(out.stdout or '')[-2000:]}")
-    return out.stdout or ""
+        raise RuntimeError(f"mutmut {' '.join(args)} failed with {out.returncode}: {out.stdout[-2000:]}")
+    return out.stdout
 
 
-def copy_repository(target: Path) -> None:
-    """The tracked files (and untracked, not ignored ones) of the repository into ``target``."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO_ROOT,
+def _mutmut_run(cwd: Path, env: dict, log, budget_s: float | None) -> bool:
+    """``mutmut run`` in ``cwd``; past ``budget_s`` seconds it is interrupted as Ctrl-C would
+    (mutmut saves each mutant's verdict as it comes, so the next run goes on from there).
+    Returns whether it finished."""
+    proc = subprocess.Popen([sys.executable, "-m", "mutmut", "run"], cwd=cwd, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        code = proc.wait(timeout=budget_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return False
+    if code not in (0, 1):
+        raise RuntimeError(f"mutmut run failed with {code}: see {cwd / 'mutmut.log'}")
+    return True
+
+
+#: Exit codes of mutants a stopped run left undecided (pytest's "interrupted", SIGINT, SIGTERM):
+#: reset to "not checked" so that the next run tests them again.
+INTERRUPTED = (2, -2, -15)
+
+
+def reset_interrupted(workdir: Path) -> int:
+    """Mark the mutants that an interrupted run left half-tested as not checked; their count."""
+    count = 0
+    for meta in (workdir / "mutants").rglob("*.meta"):
+        data = json.loads(meta.read_text())
+        codes = data.get("exit_code_by_key", {})
+        stale = [k for k, v in codes.items() if v in INTERRUPTED]
+        if stale:
+            codes.update(dict.fromkeys(stale))
+            atomic_write_bytes(meta, json.dumps(data).encode())
+            count += len(stale)
+    return count
+
+
+def copy_repository(target: Path, source: Path = REPO_ROOT) -> None:
+    """The tracked files (and untracked, not ignored ones) of the repository ``source`` into
+    ``target``, replacing an earlier copy there but keeping mutmut's state (``mutants/``, whose
+    verdicts stay valid for every function that did not change) and its log. Copies keep their
+    modification times, which is how mutmut tells which files changed."""
+    for old in target.iterdir():
+        if old.name not in ("mutants", "mutmut.log"):
+            shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=source,
                            capture_output=True, check=True).stdout.split(b"\0")
     for f in files:
         if not f:
             continue
-        src = REPO_ROOT / f.decode()
+        src = source / f.decode()
         if src.is_file() and not src.is_symlink():
             dst = target / f.decode()
             dst.parent.mkdir(parents=True, exist_ok=True)
@@ -107,47 +153,79 @@ def equivalence(file: str, old: str, new: str) -> str | None:
     return None
 
 
-def run(workdir: Path | None = None, timeout_h: float = 6.0) -> dict:
-    """Run mutmut on a copy of the repository and return the report (see the module docstring)."""
+#: Statuses that count as detected: the tests failed, or ran past mutmut's time limit (a
+#: mutant that makes a sampler loop for ever; the limit is on CPU time and on wall time, the
+#: latter a multiple of the test's measured duration, so run it on an otherwise idle machine).
+DETECTED = ("killed", "timeout", "caught by type check")
+
+
+def parse_results(text: str) -> list[dict]:
+    """The mutants listed by ``mutmut results --all true``: name and status."""
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"\s*([\w.\u01c1]+__mutmut_\d+): (.+)$", line)
+        if m:
+            out.append({"name": m.group(1), "status": m.group(2).strip()})
+    return out
+
+
+def summarise(mutants: list[dict], finished: bool) -> dict:
+    """Counts, score and completeness of a list of mutants (each with its ``status``, and with
+    ``equivalent`` where a survivor is argued to change nothing released).
+
+    The score is detected / (checked - equivalent); ``complete`` is whether every mutant was
+    checked, so that a report of a run cut short says so rather than passing for a full one."""
+    counts: dict[str, int] = {}
+    for mt in mutants:
+        counts[mt["status"]] = counts.get(mt["status"], 0) + 1
+    unchecked = counts.get("not checked", 0)
+    detected = sum(counts.get(s, 0) for s in DETECTED)
+    equivalent = sum("equivalent" in mt for mt in mutants)
+    unexplained = [mt for mt in mutants if mt["status"] not in (*DETECTED, "not checked")
+                   and "equivalent" not in mt]
+    checked = len(mutants) - unchecked
+    return {"generated": len(mutants), "checked": checked, "complete": finished and unchecked == 0,
+            "counts": counts, "detected": detected, "equivalent": equivalent,
+            "unexplained": len(unexplained),
+            "score": round(detected / max(1, checked - equivalent), 4)}
+
+
+def run(workdir: Path | None = None, budget_min: float | None = None,
+        source: Path = REPO_ROOT) -> dict:
+    """Run mutmut on a copy of the repository and return the report (see the module docstring).
+
+    ``workdir`` keeps mutmut's state between runs: the repository is copied over it again, mutmut
+    regenerates the mutants of the functions that changed and tests only the mutants without a
+    verdict. With ``budget_min`` the run stops after that many minutes (plus mutmut's start-up
+    and the report) and the report says how many mutants are still unchecked. ``source`` is the
+    repository to mutate (another one only in the tests)."""
     from fedlib.data import data_dir
 
     start = time.time()
     tmp = Path(workdir or tempfile.mkdtemp(prefix="fedlib-mutants-"))
-    copy_repository(tmp)
+    tmp.mkdir(parents=True, exist_ok=True)
+    copy_repository(tmp, source)
+    reset_interrupted(tmp)
     env = {**os.environ, "FEDLIB_DATA_DIR": str(data_dir().resolve()), "PYTHONUNBUFFERED": "1"}
     env.pop("FEDLIB_RESULTS_DIR", None)
-    with open(tmp / "mutmut.log", "w") as log:
-        _mutmut(["run"], tmp, env, log=log, timeout=timeout_h * 3600)
-    lines = _mutmut(["results", "--all", "true"], tmp, env).splitlines()
-    mutants = []
-    for line in lines:
-        m = re.match(r"\s*([\w.]+__mutmut_\d+): (.+)$", line)
-        if m:
-            mutants.append({"name": m.group(1), "status": m.group(2).strip()})
+    with open(tmp / "mutmut.log", "a") as log:
+        finished = _mutmut_run(tmp, env, log, None if budget_min is None else budget_min * 60)
+    reset_interrupted(tmp)
+    mutants = parse_results(_mutmut(["results", "--all", "true"], tmp, env))
     for mt in mutants:
         mt["file"] = source_file(mt["name"])
-        if mt["status"] != "killed":
-            diff = _mutmut(["show", mt["name"]], tmp, env)
-            old, new = changed_lines(diff)
+        if mt["status"] not in (*DETECTED, "not checked"):
+            old, new = changed_lines(_mutmut(["show", mt["name"]], tmp, env))
             mt.update({"old": old, "new": new})
             why = equivalence(mt["file"], old, new)
             if why:
                 mt["equivalent"] = why
-    counts: dict[str, int] = {}
-    for mt in mutants:
-        counts[mt["status"]] = counts.get(mt["status"], 0) + 1
-    unexplained = [mt for mt in mutants if mt["status"] != "killed" and "equivalent" not in mt]
-    equivalent = sum("equivalent" in mt for mt in mutants)
     report = {
         "tool": "mutmut " + _mutmut(["--version"], tmp, env).strip().split()[-1],
         "commit": git_commit(),
         "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "minutes": round((time.time() - start) / 60, 1),
-        "generated": len(mutants),
-        "counts": counts,
-        "equivalent": equivalent,
-        "unexplained": len(unexplained),
-        "score": round(counts.get("killed", 0) / max(1, len(mutants) - equivalent), 4),
+        **summarise(mutants, finished),
         "mutants": mutants,
     }
     if workdir is None:
@@ -155,22 +233,35 @@ def run(workdir: Path | None = None, timeout_h: float = 6.0) -> dict:
     return report
 
 
+WORKDIR = REPO_ROOT / ".mutants"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fedlib.tools.privacy_mutants",
                                 description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run mutmut on the privacy code and write the report")
-    r.add_argument("--keep", type=Path, default=None, help="work in this folder and keep it (mutmut's cache)")
+    r.add_argument("--workdir", "--keep", type=Path, default=WORKDIR,
+                   help="mutmut's working copy, kept so that a later run goes on where this one "
+                        "stopped (default: .mutants/, git-ignored)")
+    r.add_argument("--budget-min", type=float, default=None,
+                   help="stop testing mutants after this many minutes (default: test them all)")
     r.add_argument("--out", type=Path, default=REPORT)
     args = p.parse_args(argv)
-    report = run(args.keep)
-    atomic_write_bytes(args.out, json.dumps(report, indent=1).encode())
-    print(f"{report['generated']} mutants: {report['counts']}; equivalent {report['equivalent']}, "
-          f"unexplained survivors {report['unexplained']} ({report['minutes']} min) -> {args.out}")
+    if args.budget_min is not None and args.budget_min <= 0:
+        p.error(f"--budget-min must be positive, got {args.budget_min}")
+    report = run(args.workdir, args.budget_min)
+    atomic_write_bytes(args.out, json.dumps(report, indent=1, ensure_ascii=False).encode())
+    print(f"{report['checked']} of {report['generated']} mutants checked: {report['counts']}; "
+          f"equivalent {report['equivalent']}, unexplained survivors {report['unexplained']}, "
+          f"score {report['score']:.1%} ({report['minutes']} min) -> {args.out}")
     for mt in report["mutants"]:
-        if mt["status"] != "killed" and "equivalent" not in mt:
+        if mt["status"] not in (*DETECTED, "not checked") and "equivalent" not in mt:
             print(f"  {mt['status']}: {mt['name']}\n    - {mt['old']}\n    + {mt['new']}")
-    return 1 if report["unexplained"] else 0
+    if not report["complete"]:
+        print(f"incomplete: {report['generated'] - report['checked']} mutants not checked yet; the "
+              f"same command goes on from here (its state is in {args.workdir})")
+    return 1 if report["unexplained"] else (0 if report["complete"] else 3)
 
 
 if __name__ == "__main__":

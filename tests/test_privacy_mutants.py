@@ -1,0 +1,132 @@
+"""The mutation-testing driver (``make test-privacy-mutants``): its parsing of mutmut's output, its
+report, and one real mutmut run on a toy repository with a known survivor."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from fedlib.tools import privacy_mutants as pm
+
+
+def test_changed_lines_of_a_one_line_diff():
+    diff = textwrap.dedent("""\
+        --- fedlib/privacy/clipping.py
+        +++ fedlib/privacy/clipping.py
+        @@ -3,3 +3,3 @@
+             norm = x.norm()
+        -    if norm > clip:
+        +    if norm >= clip:
+                 x = x * (clip / norm)
+        """)
+    assert pm.changed_lines(diff) == ("if norm > clip:", "if norm >= clip:")
+
+
+def test_source_file_of_function_and_method_mutants():
+    assert pm.source_file("fedlib.privacy.clipping.x_clip_by_l2__mutmut_6") == "fedlib/privacy/clipping.py"
+    assert pm.source_file("fedlib.privacy.record.x\u01c1Release\u01c1__post_init____mutmut_3") == \
+        "fedlib/privacy/record.py"
+
+
+def test_only_message_edits_are_equivalent_by_rule():
+    assert pm.equivalence("f.py", 'raise ValueError("clip must be positive")', 'raise ValueError("XXclipXX")')
+    assert pm.equivalence("f.py", 'raise ValueError("x")', "raise ValueError(None)")
+    # a changed condition in front of the raise is not a message edit
+    assert pm.equivalence("f.py", 'if clip <= 0: raise ValueError("x")',
+                          'if clip < 0: raise ValueError("x")') is None
+    assert pm.equivalence("f.py", "sigma = z * clip", "sigma = z / clip") is None
+
+
+def test_parse_results_reads_every_status():
+    text = ("    fedlib.privacy.noise.x_gauss__mutmut_1: killed\n"
+            "    fedlib.privacy.record.x\u01c1Release\u01c1check__mutmut_12: survived\n"
+            "    fedlib.privacy.noise.x_gauss__mutmut_2: not checked\n"
+            "some other line\n")
+    assert [(m["name"].split(".")[-1], m["status"]) for m in pm.parse_results(text)] == [
+        ("x_gauss__mutmut_1", "killed"), ("x\u01c1Release\u01c1check__mutmut_12", "survived"),
+        ("x_gauss__mutmut_2", "not checked")]
+
+
+def test_summary_counts_unchecked_and_timeouts_honestly():
+    mutants = ([{"status": "killed"}] * 6 + [{"status": "timeout"}] * 2
+               + [{"status": "survived", "equivalent": "why"}, {"status": "survived"}]
+               + [{"status": "not checked"}] * 5)
+    s = pm.summarise(mutants, finished=False)
+    counts = (s["generated"], s["checked"], s["detected"], s["equivalent"], s["unexplained"])
+    assert counts == (15, 10, 8, 1, 1)
+    assert s["score"] == pytest.approx(8 / 9, abs=1e-4) and not s["complete"]
+    assert pm.summarise([{"status": "killed"}], finished=True)["complete"]
+    # a finished run that left mutants unchecked is not complete either
+    assert not pm.summarise([{"status": "not checked"}], finished=True)["complete"]
+
+
+def test_an_interrupted_run_leaves_its_half_tested_mutants_to_the_next(tmp_path):
+    meta = tmp_path / "mutants" / "fedlib" / "privacy" / "noise.py.meta"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({"exit_code_by_key": {"a": 1, "b": 2, "c": -15, "d": 0, "e": None, "f": -24}}))
+    assert pm.reset_interrupted(tmp_path) == 2
+    codes = json.loads(meta.read_text())["exit_code_by_key"]
+    assert codes == {"a": 1, "b": None, "c": None, "d": 0, "e": None, "f": -24}
+
+
+@pytest.fixture
+def toy_repository(tmp_path):
+    """A git repository with one clipping function, a test that checks it on both sides of the
+    threshold but never at it (so ``>`` -> ``>=`` survives: at x == c both return c, a survivor
+    to explain) and never reads its error message (a survivor that is equivalent by rule), and
+    the mutmut configuration."""
+    repo = tmp_path / "toy"
+    (repo / "toy").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "toy" / "__init__.py").write_text("")
+    (repo / "toy" / "clip.py").write_text(textwrap.dedent('''\
+        def clip(x: float, c: float) -> float:
+            if c <= 0:
+                raise ValueError("the clip must be positive")
+            if x > c:
+                return c
+            return x
+        '''))
+    (repo / "tests" / "test_clip.py").write_text(textwrap.dedent('''\
+        import pytest
+
+        from toy.clip import clip
+
+
+        def test_clip():
+            assert clip(5.0, 1.0) == 1.0
+            assert clip(0.5, 1.0) == 0.5
+            with pytest.raises(ValueError):
+                clip(1.0, 0.0)
+        '''))
+    (repo / "pyproject.toml").write_text(textwrap.dedent('''\
+        [tool.mutmut]
+        source_paths = ["toy"]
+        pytest_add_cli_args_test_selection = ["tests/test_clip.py"]
+        pytest_add_cli_args = ["-p", "no:cacheprovider"]
+        '''))
+    commit = ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "toy"]
+    for cmd in (["init", "-q"], ["add", "."], commit):
+        subprocess.run(["git", *cmd], cwd=repo, check=True, capture_output=True)
+    return repo
+
+
+def test_a_real_mutmut_run_reports_its_survivor_and_resumes(toy_repository, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", [str(toy_repository), *sys.path])
+    work = tmp_path / "work"
+    report = pm.run(work, source=toy_repository)
+    by_status = {}
+    for mt in report["mutants"]:
+        by_status.setdefault(mt["status"], []).append(mt)
+    assert report["complete"] and report["generated"] == report["checked"] >= 4
+    survivors = {(m["old"], m["new"]): m.get("equivalent") for m in by_status["survived"]}
+    assert survivors[("if x > c:", "if x >= c:")] is None
+    reasons = [why for why in survivors.values() if why]
+    assert reasons and all("message" in why for why in reasons)
+    assert report["unexplained"] == 1 and report["detected"] == report["generated"] - len(survivors) >= 2
+    # a second run over the kept folder tests nothing again and reports the same
+    again = pm.run(work, source=toy_repository)
+    statuses = lambda r: {m["name"]: m["status"] for m in r["mutants"]}  # noqa: E731
+    assert statuses(again) == statuses(report)
