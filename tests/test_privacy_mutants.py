@@ -62,6 +62,20 @@ def test_summary_counts_unchecked_and_timeouts_honestly():
     assert not pm.summarise([{"status": "not checked"}], finished=True)["complete"]
 
 
+def test_the_books_paragraph_says_when_the_run_is_missing_or_partial():
+    assert "has not been run" in pm.describe(None)
+    mutants = [{"file": "a.py", "status": "killed"}, {"file": "a.py", "status": "survived"},
+               {"file": "b.py", "status": "not checked"}]
+    report = {"tool": "mutmut 3.8.1", "commit": "0123456789abcdef", **pm.summarise(mutants, True),
+              "mutants": mutants}
+    text = pm.describe(report)
+    assert "ran the privacy tests against 2 of them" in text and "1 survivors are unexplained" in text
+    assert "incomplete" in text and "1 mutants are not checked" in text
+    assert pm.by_file(report) == [
+        {"file": "a.py", "generated": 2, "checked": 2, "detected": 1, "equivalent": 0, "unexplained": 1},
+        {"file": "b.py", "generated": 1, "checked": 0, "detected": 0, "equivalent": 0, "unexplained": 0}]
+
+
 def test_an_interrupted_run_leaves_its_half_tested_mutants_to_the_next(tmp_path):
     meta = tmp_path / "mutants" / "fedlib" / "privacy" / "noise.py.meta"
     meta.parent.mkdir(parents=True)

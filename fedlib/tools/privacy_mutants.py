@@ -233,6 +233,43 @@ def run(workdir: Path | None = None, budget_min: float | None = None,
     return report
 
 
+def load_report(path: Path = REPORT) -> dict | None:
+    """The committed report, or None where mutation testing has not been run."""
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def by_file(report: dict) -> list[dict]:
+    """Per mutated file: mutants generated, checked, detected, argued equivalent, unexplained."""
+    rows: dict[str, dict] = {}
+    for mt in report["mutants"]:
+        r = rows.setdefault(mt["file"], {"file": mt["file"], "generated": 0, "checked": 0, "detected": 0,
+                                         "equivalent": 0, "unexplained": 0})
+        r["generated"] += 1
+        r["checked"] += mt["status"] != "not checked"
+        r["detected"] += mt["status"] in DETECTED
+        r["equivalent"] += "equivalent" in mt
+        r["unexplained"] += mt["status"] not in (*DETECTED, "not checked") and "equivalent" not in mt
+    return sorted(rows.values(), key=lambda r: r["file"])
+
+
+def describe(report: dict | None) -> str:
+    """A paragraph for the book: what the mutation testing of the privacy code found."""
+    if report is None:
+        return ("Mutation testing of the privacy code (`make test-privacy-mutants`) has not been run "
+                "for this build, so no mutation score is shown.")
+    text = (f"{report['tool']} made {report['generated']:,} small edits (mutants) of the privacy code "
+            f"at commit `{report['commit'][:10]}` and ran the privacy tests against "
+            f"{report['checked']:,} of them: {report['detected']:,} were detected (a test failed or "
+            f"timed out), {report['equivalent']:,} survivors are argued equivalent (they change no "
+            f"released distribution) and {report['unexplained']:,} survivors are unexplained, gaps "
+            f"in the tests. Score {report['score']:.1%} (detected over checked non-equivalent).")
+    if not report["complete"]:
+        text += (f" **The run is incomplete**: {report['generated'] - report['checked']:,} mutants "
+                 f"are not checked yet, so the score covers only part of the code; "
+                 f"`make test-privacy-mutants` goes on from where it stopped.")
+    return text
+
+
 WORKDIR = REPO_ROOT / ".mutants"
 
 
