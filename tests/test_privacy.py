@@ -251,12 +251,20 @@ def test_composition_theorems_reference_values():
     from fedlib.privacy.accounting import advanced_composition, basic_composition, optimal_composition
 
     assert basic_composition(1.0, 0.0, 50) == (50.0, 0.0)
+    assert basic_composition(0.5, 1e-6, 50) == pytest.approx((25.0, 5e-5))
     eps, delta = advanced_composition(1.0, 0.0, 50, 1e-5)
     assert eps == pytest.approx(119.8, abs=0.1) and delta == pytest.approx(1e-5)  # worse than basic
     assert optimal_composition(1.0, 0.0, 50, 1e-5) == pytest.approx(46.0, abs=0.2)
     assert advanced_composition(0.1, 0.0, 200, 1e-5)[0] == pytest.approx(8.89, abs=0.01)
     assert optimal_composition(0.1, 0.0, 200, 1e-5) == pytest.approx(6.60, abs=0.05)
     assert advanced_composition(0.1, 1e-6, 200, 1e-5)[1] == pytest.approx(200e-6 + 1e-5)
+    # Kairouz et al. (2015), Thm 3.3: k (eps, delta) mechanisms leave 1 - (1 - total)/(1 - delta)^k of
+    # the total delta to the pure part, so a per-mechanism delta costs epsilon (mutation testing
+    # found that dropping it went unnoticed while every reference used delta = 0)
+    rest = 1 - (1 - 1e-2) / (1 - 1e-5) ** 200
+    with_delta = optimal_composition(0.1, 1e-5, 200, 1e-2)
+    assert with_delta == pytest.approx(optimal_composition(0.1, 0.0, 200, rest))
+    assert with_delta > optimal_composition(0.1, 0.0, 200, 1e-2) + 0.1
 
 
 @pytest.mark.parametrize("delta_steps", [1, 5])

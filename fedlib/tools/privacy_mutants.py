@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 from fedlib.results import REPO_ROOT, atomic_write_bytes, git_commit
@@ -52,11 +53,11 @@ def _mutmut(args: list[str], cwd: Path, env: dict) -> str:
     return out.stdout
 
 
-def _mutmut_run(cwd: Path, env: dict, log, budget_s: float | None) -> bool:
-    """``mutmut run`` in ``cwd``; past ``budget_s`` seconds it is interrupted as Ctrl-C would
-    (mutmut saves each mutant's verdict as it comes, so the next run goes on from there).
-    Returns whether it finished."""
-    proc = subprocess.Popen([sys.executable, "-m", "mutmut", "run"], cwd=cwd, env=env, stdout=log,
+def _mutmut_run(cwd: Path, env: dict, log, budget_s: float | None, names: list[str] = ()) -> bool:
+    """``mutmut run`` in ``cwd`` (only the mutants matching ``names``, globs, if given); past
+    ``budget_s`` seconds it is interrupted as Ctrl-C would (mutmut saves each mutant's verdict as
+    it comes, so the next run goes on from there). Returns whether it finished."""
+    proc = subprocess.Popen([sys.executable, "-m", "mutmut", "run", *names], cwd=cwd, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
         code = proc.wait(timeout=budget_s)
@@ -190,26 +191,34 @@ def summarise(mutants: list[dict], finished: bool) -> dict:
             "score": round(detected / max(1, checked - equivalent), 4)}
 
 
-def run(workdir: Path | None = None, budget_min: float | None = None,
-        source: Path = REPO_ROOT) -> dict:
+def run(workdir: Path | None = None, budget_min: float | None = None, source: Path = REPO_ROOT,
+        names: list[str] = (), timeout_multiplier: float | None = None) -> dict:
     """Run mutmut on a copy of the repository and return the report (see the module docstring).
 
     ``workdir`` keeps mutmut's state between runs: the repository is copied over it again, mutmut
     regenerates the mutants of the functions that changed and tests only the mutants without a
     verdict. With ``budget_min`` the run stops after that many minutes (plus mutmut's start-up
     and the report) and the report says how many mutants are still unchecked. ``source`` is the
-    repository to mutate (another one only in the tests)."""
+    repository to mutate (another one only in the tests). ``names`` (globs of mutant names, e.g.
+    ``fedlib.privacy.clipping.*``) tests only those mutants, again even where they have a verdict.
+    ``timeout_multiplier`` replaces the configured one in the copy: mutmut also limits each
+    mutant's wall time to that multiple of its tests' measured time, which a busy machine can
+    exceed (a false "timeout"); it is recorded in the report."""
     from fedlib.data import data_dir
 
     start = time.time()
     tmp = Path(workdir or tempfile.mkdtemp(prefix="fedlib-mutants-"))
     tmp.mkdir(parents=True, exist_ok=True)
     copy_repository(tmp, source)
+    if timeout_multiplier is not None:
+        cfg = tmp / "pyproject.toml"
+        cfg.write_text(re.sub(r"(?m)^timeout_multiplier = .*$", f"timeout_multiplier = {timeout_multiplier}",
+                              cfg.read_text()))
     reset_interrupted(tmp)
     env = {**os.environ, "FEDLIB_DATA_DIR": str(data_dir().resolve()), "PYTHONUNBUFFERED": "1"}
     env.pop("FEDLIB_RESULTS_DIR", None)
     with open(tmp / "mutmut.log", "a") as log:
-        finished = _mutmut_run(tmp, env, log, None if budget_min is None else budget_min * 60)
+        finished = _mutmut_run(tmp, env, log, None if budget_min is None else budget_min * 60, list(names))
     reset_interrupted(tmp)
     mutants = parse_results(_mutmut(["results", "--all", "true"], tmp, env))
     for mt in mutants:
@@ -225,6 +234,8 @@ def run(workdir: Path | None = None, budget_min: float | None = None,
         "commit": git_commit(),
         "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "minutes": round((time.time() - start) / 60, 1),
+        "timeout_multiplier": tomllib.loads((tmp / "pyproject.toml").read_text())["tool"]["mutmut"]
+        .get("timeout_multiplier"),
         **summarise(mutants, finished),
         "mutants": mutants,
     }
@@ -283,11 +294,16 @@ def main(argv: list[str] | None = None) -> int:
                         "stopped (default: .mutants/, git-ignored)")
     r.add_argument("--budget-min", type=float, default=None,
                    help="stop testing mutants after this many minutes (default: test them all)")
+    r.add_argument("--only", nargs="+", default=[], metavar="GLOB",
+                   help="test only the mutants whose names match (e.g. 'fedlib.privacy.clipping.*')")
+    r.add_argument("--timeout-multiplier", type=float, default=None,
+                   help="mutmut's wall-time limit per mutant, as a multiple of its tests' time "
+                        "(raise it on a busy machine; default: pyproject.toml's)")
     r.add_argument("--out", type=Path, default=REPORT)
     args = p.parse_args(argv)
     if args.budget_min is not None and args.budget_min <= 0:
         p.error(f"--budget-min must be positive, got {args.budget_min}")
-    report = run(args.workdir, args.budget_min)
+    report = run(args.workdir, args.budget_min, names=args.only, timeout_multiplier=args.timeout_multiplier)
     atomic_write_bytes(args.out, json.dumps(report, indent=1, ensure_ascii=False).encode())
     print(f"{report['checked']} of {report['generated']} mutants checked: {report['counts']}; "
           f"equivalent {report['equivalent']}, unexplained survivors {report['unexplained']}, "
