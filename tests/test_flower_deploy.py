@@ -59,3 +59,49 @@ def test_bad_node_counts_are_refused_before_any_process_starts():
         deploy([CONFIGS[0]], nodes=5)
     with pytest.raises(ValueError, match="--nodes"):
         deploy([CONFIGS[0]], nodes=0)
+
+
+SIGTERMED = '''
+import os, signal, sys, time
+from pathlib import Path
+from fedlib.flower.deploy import Deployment
+
+
+class Sleepers(Deployment):
+    """A deployment whose SuperLink and SuperNodes are long sleeps (what is tested is the cleanup)."""
+
+    def _start(self, args, log):
+        return super()._start(["sleep", "600"], log)
+
+    def _wait_for_port(self, port):
+        pass
+
+
+work = Path(sys.argv[1])
+d = Sleepers([], nodes=2, root=work / "results", workdir=work)
+with d:
+    print(d.marker, " ".join(str(p.pid) for p in d.procs), flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(60)
+print("not reached", flush=True)
+'''
+
+
+def test_a_sigterm_stops_every_process_the_deployment_started(tmp_path):
+    """A deployment killed with SIGTERM (a timeout, a job scheduler) still stops its SuperLink and
+    SuperNodes: Python runs no cleanup on SIGTERM unless the deployment turns it into an exit."""
+    import os
+    import subprocess
+    import sys
+
+    from fedlib.flower.deploy import _marked
+    from fedlib.results import REPO_ROOT
+
+    out = subprocess.run([sys.executable, "-c", SIGTERMED, str(tmp_path)], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert out.returncode == 128 + 15, out.stderr[-2000:]
+    marker, *pids = out.stdout.split()
+    assert len(pids) == 3 and "not reached" not in out.stdout
+    assert _marked(marker) == []
+    for pid in map(int, pids):
+        assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
