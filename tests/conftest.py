@@ -3,8 +3,18 @@ import os
 import pytest
 import torch
 
-# Tests run on the CPU with a fixed thread count so timings of other work do not change results.
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+def threads_for_tests(environ=os.environ) -> int:
+    """Tests run on the CPU with a fixed thread count so timings of other work do not change results:
+    two, or one under mutation testing. mutmut forks one test process per mutant from a process that
+    has already run torch, and a child forked after an OpenMP parallel region deadlocks in its next
+    one (GNU OpenMP is not fork-safe): with two threads every mutant hung until its time limit and
+    was counted as detected. On one thread there is no parallel region; mutmut runs mutants side by
+    side instead."""
+    return 1 if "MUTANT_UNDER_TEST" in environ else min(2, os.cpu_count() or 1)
+
+
+torch.set_num_threads(threads_for_tests())
 
 
 @pytest.fixture(autouse=True)

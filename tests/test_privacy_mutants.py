@@ -76,6 +76,13 @@ def test_the_books_paragraph_says_when_the_run_is_missing_or_partial():
         {"file": "b.py", "generated": 1, "checked": 0, "detected": 0, "equivalent": 0, "unexplained": 0}]
 
 
+def test_under_mutmut_the_tests_run_on_one_thread():
+    from conftest import threads_for_tests
+
+    assert threads_for_tests({"MUTANT_UNDER_TEST": "fedlib.privacy.clipping.x_clip_by_l2__mutmut_1"}) == 1
+    assert threads_for_tests({}) >= 1
+
+
 def test_an_interrupted_run_leaves_its_half_tested_mutants_to_the_next(tmp_path):
     meta = tmp_path / "mutants" / "fedlib" / "privacy" / "noise.py.meta"
     meta.parent.mkdir(parents=True)
@@ -87,7 +94,8 @@ def test_an_interrupted_run_leaves_its_half_tested_mutants_to_the_next(tmp_path)
 
 @pytest.fixture
 def toy_repository(tmp_path):
-    """A git repository with one clipping function, a test that checks it on both sides of the
+    """A git repository with one clipping function, a test (with a torch product, which deadlocks
+    in mutmut's forked processes unless they run on one thread) that checks it on both sides of the
     threshold but never at it (so ``>`` -> ``>=`` survives: at x == c both return c, a survivor
     to explain) and never reads its error message (a survivor that is equivalent by rule), and
     the mutmut configuration."""
@@ -105,11 +113,14 @@ def toy_repository(tmp_path):
         '''))
     (repo / "tests" / "test_clip.py").write_text(textwrap.dedent('''\
         import pytest
+        import torch
 
         from toy.clip import clip
 
 
         def test_clip():
+            a = torch.randn(512, 512)
+            assert torch.isfinite(a @ a).all()  # a parallel region before and after each fork
             assert clip(5.0, 1.0) == 1.0
             assert clip(0.5, 1.0) == 0.5
             with pytest.raises(ValueError):

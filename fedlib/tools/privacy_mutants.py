@@ -215,7 +215,10 @@ def run(workdir: Path | None = None, budget_min: float | None = None, source: Pa
         cfg.write_text(re.sub(r"(?m)^timeout_multiplier = .*$", f"timeout_multiplier = {timeout_multiplier}",
                               cfg.read_text()))
     reset_interrupted(tmp)
-    env = {**os.environ, "FEDLIB_DATA_DIR": str(data_dir().resolve()), "PYTHONUNBUFFERED": "1"}
+    # one OpenMP thread: mutmut forks a process per mutant, and a child forked after a parallel
+    # region deadlocks (see tests/conftest.py), which mutmut would count as a timeout, "detected"
+    env = {**os.environ, "FEDLIB_DATA_DIR": str(data_dir().resolve()), "PYTHONUNBUFFERED": "1",
+           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     env.pop("FEDLIB_RESULTS_DIR", None)
     with open(tmp / "mutmut.log", "a") as log:
         finished = _mutmut_run(tmp, env, log, None if budget_min is None else budget_min * 60, list(names))
