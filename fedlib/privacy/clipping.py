@@ -16,9 +16,13 @@ from fedlib.tree import Tree, leaves, tmap
 
 def flat_norm(tree: Tree) -> torch.Tensor:
     """L2 norm of all leaves of ``tree`` taken together (summed in float64, returned in the
-    leaves' dtype)."""
+    leaves' dtype; a norm beyond that dtype's range is inf there)."""
     xs = leaves(tree)
-    return torch.sqrt(sum((x.double() ** 2).sum() for x in xs)).to(xs[0].dtype)
+    return _norm64(xs).to(xs[0].dtype)
+
+
+def _norm64(xs: list[torch.Tensor]) -> torch.Tensor:
+    return torch.sqrt(sum((x.double() ** 2).sum() for x in xs))
 
 
 def zero_if_not_finite(tree: Tree) -> tuple[Tree, torch.Tensor]:
@@ -35,12 +39,26 @@ def zero_if_not_finite(tree: Tree) -> tuple[Tree, torch.Tensor]:
 
 def clip_by_l2(tree: Tree, clip: float | torch.Tensor) -> tuple[Tree, torch.Tensor]:
     """Scale ``tree`` so its flat L2 norm is at most ``clip``; also return the norm before
-    clipping. A non-finite ``tree`` is zeroed first (:func:`zero_if_not_finite`; its norm is then
-    0). ``clip`` may be a tensor (one per client under ``vmap``, e.g. in a run batch)."""
+    clipping (in the leaves' dtype, at most its largest finite value). A non-finite ``tree`` is
+    zeroed first (:func:`zero_if_not_finite`; its norm is then 0). ``clip`` may be a tensor (one per
+    client under ``vmap``, e.g. in a run batch).
+
+    The result's norm is within ``C (1 + 2^-22)`` (float32 rounding of the scale and the product),
+    inside the slack the secure sum's sensitivity allows (:data:`fedlib.privacy.central.NORM_SLACK`),
+    for every finite input: where the float32 scale ``C / norm`` would fall below the smallest normal
+    float32 (norms beyond about ``1e38 C``, a malicious client's) or the norm itself overflows
+    float32, the product is taken in float64 instead, since a subnormal scale keeps too few bits
+    (property-tested with huge values)."""
     if not isinstance(clip, torch.Tensor) and not clip > 0:
         raise ValueError(f"clip norm must be > 0, got {clip}")
     tree, _ = zero_if_not_finite(tree)
-    norm = flat_norm(tree)
+    xs = leaves(tree)
+    info = torch.finfo(xs[0].dtype)
+    norm64 = _norm64(xs)
+    norm = norm64.clamp_max(info.max).to(xs[0].dtype)  # equals flat_norm(tree) unless that overflows
     # exactly 1 unless the norm exceeds C (norm > C > 0, so the division is safe)
     scale = torch.where(norm > clip, clip / norm.clamp_min(clip), torch.ones_like(norm))
-    return tmap(lambda x: x * scale.to(x.dtype), tree), norm
+    precise = (norm64 > info.max) | (scale < info.tiny)
+    scale64 = torch.where(norm64 > clip, clip / norm64.clamp_min(clip), torch.ones_like(norm64))
+    return tmap(lambda x: torch.where(precise, (x.double() * scale64).to(x.dtype), x * scale.to(x.dtype)),
+                tree), norm
