@@ -210,3 +210,28 @@ def test_tables_for_readers_have_no_raw_values():
     assert out.iloc[0].tolist() == ["1.00", "50.12", "0.50", "unbounded", "3", "yes"]
     html = table_for_reader(df).to_html()
     assert not RAW_OUTPUT.search(html.replace("<", " <")), RAW_OUTPUT.search(html)
+
+
+def _clip_run(clip: float, accs: list[float], clips: list[float], norms: list[float], seed: int = 0):
+    from fedlib.results import Result
+
+    config = dpfl.config_for("smoke", 1.0, seed, dp_clip=clip)
+    history = [{"round": t + 1, "test_acc": a, "test_loss": 1.0, "clip": c, "update_norm_median": n}
+               for t, (a, c, n) in enumerate(zip(accs, clips, norms, strict=True))]
+    return Result(config, history)
+
+
+def test_the_adaptive_clipping_paragraph_follows_the_runs():
+    from studies.common import Runs
+
+    fixed = {f"fixed C = {c:g}": [_clip_run(c, [0.5, a], [c, c], [1.0, 1.0])]
+             for c, a in ((0.1, 0.7), (1.0, 0.5))}
+    falling = Runs({**fixed, "adaptive": [_clip_run(0.1, [0.3, 0.8, 0.4], [0.1, 1.0, 9.0], [0.5, 2.0, 8.0])]})
+    text = dpfl_pages.adaptive_clip_story(falling)
+    assert "40.0 %" in text and "below every fixed clip of the sweep (2 of 2)" in text
+    assert "$C = 9$" in text and "above the largest fixed clip" in text
+    assert "peaked at 80.0 % in round 2" in text and "from 0.5" in text and "to 8" in text
+    steady = Runs({**fixed, "adaptive": [_clip_run(0.1, [0.3, 0.6], [0.1, 0.5], [0.5, 0.5])]})
+    text = dpfl_pages.adaptive_clip_story(steady)
+    assert "below 1 of the 2 fixed clips" in text and "within the swept range" in text
+    assert "peaked" not in text
