@@ -22,7 +22,7 @@ from fedlib.privacy.accounting import (
 )
 from fedlib.privacy.central import NORM_SLACK
 from fedlib.privacy.clipping import clip_by_l2, flat_norm
-from fedlib.privacy.noise import gaussian_noise_like, laplace_noise_like
+from fedlib.privacy.noise import StepNoise, gaussian_noise_like, generator_for, laplace_noise_like
 
 floats = st.floats(min_value=-1e4, max_value=1e4, allow_nan=False, width=32)
 
@@ -138,11 +138,62 @@ def test_gaussian_noise_has_the_calibrated_std():
     assert stats.kstest(z[:5000] / 0.7, "norm").pvalue > 1e-3
 
 
-def test_laplace_noise_has_the_calibrated_scale():
+@pytest.mark.parametrize("scale", [0.3, 2.0])
+def test_laplace_noise_has_the_calibrated_scale(scale):
+    """KS test (false-failure rate 1e-3) and E|X| = b within 2 % (about 6 standard errors of the
+    mean of 100k |X|, whose std is b), at a scale below and above 1."""
     g = torch.Generator().manual_seed(1)
-    z = laplace_noise_like({"w": torch.zeros(100_000)}, 2.0, g)["w"].double().numpy()
-    assert stats.kstest(z[:5000], "laplace", args=(0, 2.0)).pvalue > 1e-3
-    assert np.mean(np.abs(z)) == pytest.approx(2.0, rel=0.02)  # E|X| = b
+    z = laplace_noise_like({"w": torch.zeros(100_000)}, scale, g)["w"].double().numpy()
+    assert stats.kstest(z[:5000], "laplace", args=(0, scale)).pvalue > 1e-3
+    assert np.mean(np.abs(z)) == pytest.approx(scale, rel=0.02)
+
+
+def test_laplace_uniforms_have_float64_resolution():
+    """The inverse CDF is fed float64 uniforms (2^53 values). From float32 uniforms (2^24 values)
+    a million draws would repeat about n^2 / 2^25 = 30,000 values, and the tails would stop at
+    about 17 scales; from float64 ones the expected number of repeats is n^2 / 2^54 < 1e-4, so a
+    test allowing 2 fails for a correct sampler with probability below 1e-12."""
+    z = laplace_noise_like({"w": torch.zeros(1_000_000, dtype=torch.float64)}, 1.0, generator_for(9))["w"]
+    assert z.numel() - z.unique().numel() <= 2
+
+
+def test_laplace_draws_are_finite_at_the_edges_of_the_uniform(monkeypatch):
+    """The uniform's edge values (0, which would give an infinite draw, and 1/2, the median) map
+    to finite draws of the right size: every release of a finite value stays finite."""
+    edges = torch.tensor([0.0, 0.5, 1 - 2.0 ** -53], dtype=torch.float64)
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: edges.clone())
+    z = laplace_noise_like({"w": torch.zeros(3, dtype=torch.float64)}, 2.0, generator_for(0))["w"]
+    assert torch.isfinite(z).all()
+    assert z[1] == 0 and abs(z[0]) == abs(z[2]) == pytest.approx(2.0 * 52 * math.log(2))
+
+
+@pytest.mark.parametrize("noise", [gaussian_noise_like, laplace_noise_like])
+def test_noise_comes_from_the_generator_it_is_given(noise):
+    """Privacy noise is drawn from the generator passed in (keyed on the run, the stream, the round
+    and the client), never from torch's global one: the same key gives the same draws, another key
+    other draws; and a scale of 0 adds nothing."""
+    tree = {"w": torch.zeros(1000)}
+    a = noise(tree, 1.0, generator_for(3, 4))["w"]
+    assert torch.equal(a, noise(tree, 1.0, generator_for(3, 4))["w"])
+    assert not torch.equal(a, noise(tree, 1.0, generator_for(3, 5))["w"])
+    assert float(noise(tree, 0.0, generator_for(3, 4))["w"].abs().sum()) == 0.0
+    with pytest.raises(ValueError):
+        noise(tree, -1e-9, generator_for(3, 4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_mechanisms_return_the_dtype_they_act_on(dtype):
+    """Noise for a float64 model is float64 (not a float32 draw left at float32), and the clip's
+    norm and the padded steps' zeros have the model's dtype too."""
+    tree = {"a": torch.ones(3, dtype=dtype), "b": torch.ones(2, 2, dtype=dtype)}
+    noises = gaussian_noise_like(tree, 1.0, generator_for(0)), laplace_noise_like(tree, 1.0, generator_for(1))
+    for noise in noises:
+        assert all(v.dtype == dtype for v in noise.values())
+    clipped, norm = clip_by_l2(tree, 0.5)
+    assert norm.dtype == dtype and all(v.dtype == dtype for v in clipped.values())
+    assert flat_norm(tree).dtype == dtype
+    steps = StepNoise((1,), 0.5, (("a", (3,)),), dtype, torch.device("cpu"))
+    assert steps.zeros()["a"].dtype == steps.draw(0, 0)["a"].dtype == dtype
 
 
 def test_analytic_gaussian_beats_classic_and_holds():

@@ -39,6 +39,25 @@ def test_only_message_edits_are_equivalent_by_rule():
     assert pm.equivalence("f.py", "sigma = z * clip", "sigma = z / clip") is None
 
 
+def test_only_device_edits_are_equivalent_by_rule():
+    line = "return lap.to(device=x.device, dtype=x.dtype)"
+    assert pm.equivalence("f.py", line, "return lap.to(device=None, dtype=x.dtype)")
+    assert pm.equivalence("f.py", line, "return lap.to(dtype=x.dtype)")
+    assert pm.equivalence("f.py", line, "return lap.to(device=x.device, dtype=None)") is None
+    assert pm.equivalence("f.py", line, "return (lap * 2).to(dtype=x.dtype)") is None
+
+
+def test_every_equivalence_argument_is_about_a_line_that_exists():
+    """An argued survivor is matched on its source line: each entry's original line must still be
+    in its file, and its mutated line must differ, or the argument is about code that is gone."""
+    from fedlib.results import REPO_ROOT
+
+    for file, old, new, why in pm.EQUIVALENT:
+        lines = {line.strip() for line in (REPO_ROOT / file).read_text().splitlines()}
+        assert old in lines, (file, old)
+        assert new != old and len(why) > 40
+
+
 def test_parse_results_reads_every_status():
     text = ("    fedlib.privacy.noise.x_gauss__mutmut_1: killed\n"
             "    fedlib.privacy.record.x\u01c1Release\u01c1check__mutmut_12: survived\n"

@@ -27,12 +27,15 @@ def gaussian_noise_like(tree: Tree, std: float, generator: torch.Generator) -> T
 
 
 def laplace_noise_like(tree: Tree, scale: float, generator: torch.Generator) -> Tree:
-    """Independent Laplace(0, scale) for every coordinate (inverse-CDF from uniforms)."""
+    """Independent Laplace(0, scale) for every coordinate, by the inverse CDF of a float64 uniform
+    ``U`` on [0, 1): ``-scale sign(u) log(1 - 2|u|)`` with ``u = U - 1/2``. ``U = 0`` (probability
+    2^-53 per draw) would give an infinite draw; it is moved to the next float64 value, 2^-53, so
+    every draw is finite (at most ``52 ln 2`` scales, as at ``U`` just below 1)."""
     if scale < 0:
         raise ValueError(f"Laplace scale must be >= 0, got {scale}")
 
     def draw(x: torch.Tensor) -> torch.Tensor:
-        u = torch.rand(x.shape, generator=generator, dtype=torch.float64) - 0.5
+        u = torch.rand(x.shape, generator=generator, dtype=torch.float64).clamp_min(2.0 ** -53) - 0.5
         lap = -scale * torch.sign(u) * torch.log1p(-2 * u.abs())
         return lap.to(device=x.device, dtype=x.dtype)
 

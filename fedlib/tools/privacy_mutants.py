@@ -39,9 +39,62 @@ from fedlib.results import REPO_ROOT, atomic_write_bytes, git_commit
 
 REPORT = REPO_ROOT / "data" / "audits" / "privacy-mutants.json"
 
+_AT_ONE = ("where the norm equals C both branches give exactly 1 (C / C is 1 in IEEE arithmetic), so "
+           "the scale and the release are the same for every input")
+_BOUNDARY = ("moves the switch between the float32 and the float64 product onto its boundary value; "
+             "there both products are normal-range roundings of the same scaled vector, within the "
+             "secure sum's NORM_SLACK (property-tested), so the release's bound is unchanged")
+_FIRST_WORD = ("SeedSequence.generate_state(n) returns the first n words of one stream: word 0 is the "
+               "same for n = 1 and n = 2, so the seed and every draw are the same")
+_DEFAULT_DTYPE = ("torch's default dtype is float32 and fedlib never changes it (no "
+                  "set_default_dtype anywhere), so the draw is the same float32 sample")
+
 #: Surviving mutants that change no released distribution: (file, the original line, the mutated
-#: line, why), each line compared without surrounding whitespace.
-EQUIVALENT: list[tuple[str, str, str, str]] = []
+#: line, why), each line compared without surrounding whitespace. A test checks that every
+#: original line still exists, so an entry cannot outlive the code it argues about.
+EQUIVALENT: list[tuple[str, str, str, str]] = [
+    ("fedlib/privacy/clipping.py",
+     "scale = torch.where(norm > clip, clip / norm.clamp_min(clip), torch.ones_like(norm))",
+     "scale = torch.where(norm >= clip, clip / norm.clamp_min(clip), torch.ones_like(norm))", _AT_ONE),
+    ("fedlib/privacy/clipping.py",
+     "scale64 = torch.where(norm64 > clip, clip / norm64.clamp_min(clip), torch.ones_like(norm64))",
+     "scale64 = torch.where(norm64 >= clip, clip / norm64.clamp_min(clip), torch.ones_like(norm64))",
+     _AT_ONE),
+    ("fedlib/privacy/clipping.py", "precise = (norm64 > info.max) | (scale < info.tiny)",
+     "precise = (norm64 >= info.max) | (scale < info.tiny)", _BOUNDARY),
+    ("fedlib/privacy/clipping.py", "precise = (norm64 > info.max) | (scale < info.tiny)",
+     "precise = (norm64 > info.max) | (scale <= info.tiny)", _BOUNDARY),
+    ("fedlib/privacy/clipping.py",
+     "return tmap(lambda x: torch.where(precise, (x.double() * scale64).to(x.dtype), x * scale.to(x.dtype)),",
+     "return tmap(lambda x: torch.where(precise, (x.double() * scale64).to(x.dtype), x * scale.to(None)),",
+     "the scale is computed from the norm in the leaves' dtype, so casting it to that dtype is the "
+     "identity (a tree's leaves share one dtype; flat_norm assumes it too)"),
+    ("fedlib/privacy/noise.py", "seed = int(np.random.SeedSequence(list(parts)).generate_state(1)[0])",
+     "seed = int(np.random.SeedSequence(list(parts)).generate_state(2)[0])", _FIRST_WORD),
+    ("fedlib/privacy/noise.py",
+     "seed = int(np.random.SeedSequence([*self.key, client, step]).generate_state(1)[0])",
+     "seed = int(np.random.SeedSequence([*self.key, client, step]).generate_state(2)[0])", _FIRST_WORD),
+    ("fedlib/privacy/noise.py",
+     "return tmap(lambda x: (torch.randn(x.shape, generator=generator, dtype=torch.float32) * std)",
+     "return tmap(lambda x: (torch.randn(x.shape, generator=generator, dtype=None) * std)", _DEFAULT_DTYPE),
+    ("fedlib/privacy/noise.py",
+     "return tmap(lambda x: (torch.randn(x.shape, generator=generator, dtype=torch.float32) * std)",
+     "return tmap(lambda x: (torch.randn(x.shape, generator=generator, ) * std)", _DEFAULT_DTYPE),
+    ("fedlib/privacy/noise.py", "lap = -scale * torch.sign(u) * torch.log1p(-2 * u.abs())",
+     "lap = +scale * torch.sign(u) * torch.log1p(-2 * u.abs())",
+     "negates every Laplace draw; Laplace(0, b) is symmetric, so the released distribution is the same "
+     "(the draws differ, as with another seed)"),
+]
+
+_DEVICE_ARG = re.compile(r"device=[\w.]+(,\s*)?")
+
+
+def device_only(old: str, new: str) -> bool:
+    """Whether a mutant only drops a ``device=`` argument or sets it to None: the tensor is then
+    made on (or left on) the CPU. On a CPU run nothing changes; on a GPU run a CPU tensor of more
+    than zero dimensions combined with a GPU one raises (tests/test_cuda.py), so no released value
+    changes silently."""
+    return old != new and _DEVICE_ARG.sub("", old) == _DEVICE_ARG.sub("", new)
 
 
 def _mutmut(args: list[str], cwd: Path, env: dict) -> str:
@@ -148,6 +201,9 @@ def equivalence(file: str, old: str, new: str) -> str | None:
     """Why a surviving mutant changes no released distribution, or None (a gap)."""
     if message_only(old, new):
         return "changes the text of an error or a message only, not what is released"
+    if device_only(old, new):
+        return ("changes only the device a tensor is made on: identical on a CPU, an error on a GPU "
+                "(a CPU tensor meets a GPU one), never another released value")
     for f, o, n, why in EQUIVALENT:
         if f == file and o == old and n == new:
             return why
