@@ -83,16 +83,55 @@ def test_laplace_values_scale_and_support():
     assert stats.kstest(noise, stats.laplace(scale=2.0).cdf).pvalue < 1e-6
 
 
-def test_two_point_is_unbiased_and_two_valued():
-    w = torch.tensor([-0.01, -0.004, 0.0, 0.007, 0.01]).expand(100_000, -1)
-    eps, r = 0.5, 0.01
-    out = local.two_point(w, 0.0, r, eps, generator_for(7))
+@pytest.mark.parametrize("center", [0.0, 0.3])
+def test_two_point_is_unbiased_two_valued_and_clamps(center):
+    """Outputs are ``c +/- level`` in the input's dtype, with mean the clamped input (within 5
+    standard errors, level / sqrt(n): false-failure rate below 1e-5 per coordinate) and the
+    mechanism's variance. Inputs beyond ``[c - r, c + r]`` behave as the nearer end: without the
+    clamp their probability leaves [0, 1], the output becomes deterministic and the epsilon-LDP
+    ratio fails. A centre other than 0 checks that ``p`` measures ``w - c``."""
+    n, eps, r = 100_000, 0.5, 0.01
+    offsets = torch.tensor([-0.05, -0.01, -0.004, 0.0, 0.007, 0.01, 0.05])
+    w = (center + offsets).expand(n, -1)
+    out = local.two_point(w, center, r, eps, generator_for(7))
+    assert out.dtype == w.dtype
+    assert local.two_point(w[:2].double(), center, r, eps, generator_for(8)).dtype == torch.float64
     level = r * (math.e**eps + 1) / (math.e**eps - 1)
-    assert np.allclose(np.abs(np.unique(out.numpy())), level, rtol=1e-6) and len(np.unique(out.numpy())) == 2
-    se = level / math.sqrt(100_000)
-    assert torch.allclose(out.mean(0).double(), w[0].double(), atol=5 * se)
-    var = level**2 - w[0] ** 2  # the mechanism's variance formula
-    assert torch.allclose(out.var(0).double(), var.double(), rtol=0.03)
+    assert np.allclose(np.unique(np.abs(out.double().numpy() - center)), level, rtol=1e-4)
+    target = offsets.double().clamp(-r, r)
+    se = level / math.sqrt(n)
+    assert torch.allclose(out.double().mean(0) - center, target, atol=5 * se)
+    var = level**2 - target**2  # the mechanism's variance formula
+    assert torch.allclose(out.double().var(0), var, rtol=0.03)
+
+
+def test_two_point_compares_with_float64_uniforms(monkeypatch):
+    """The epsilon-LDP ratio needs ``P[+] = p`` exactly; float32 uniforms (2^24 values) would give
+    ``ceil(p 2^24) / 2^24``, a bias far too small to see in samples, so the draw's dtype is checked."""
+    dtypes = []
+    rand = torch.rand
+
+    def recording_rand(*args, **kwargs):
+        dtypes.append(kwargs.get("dtype"))
+        return rand(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "rand", recording_rand)
+    local.two_point(torch.zeros(4, 3), 0.0, 0.01, 0.5, generator_for(0))
+    assert dtypes == [torch.float64]
+
+
+@pytest.mark.parametrize("eps, r", [(0.0, 0.01), (-1.0, 0.01), (0.5, 0.0), (0.5, -0.01)])
+def test_two_point_refuses_a_nonpositive_budget_or_radius(eps, r):
+    with pytest.raises(ValueError, match="epsilon > 0 and radius > 0"):
+        local.two_point(torch.zeros(2, 3), 0.0, r, eps, generator_for(0))
+
+
+def test_mask_of_keeps_exactly_the_counted_indices():
+    idx = torch.tensor([[4, 1, 7], [0, 2, 5]])
+    mask = local.mask_of(idx, 8, torch.tensor([2, 0]))
+    assert mask.dtype == torch.bool and mask.shape == (2, 8)
+    assert mask[0].nonzero().flatten().tolist() == [1, 4] and not mask[1].any()
+    assert local.mask_of(idx, 8).sum(1).tolist() == [3, 3]
 
 
 def test_signds_nu_distribution_matches_formula():
@@ -101,6 +140,13 @@ def test_signds_nu_distribution_matches_formula():
     tau = np.arange(h + 1)
     w = np.array([math.comb(k, t) * math.comb(d - k, h - t) * math.exp(eps * (t >= nu_th)) for t in tau])
     assert np.allclose(logp.exp().numpy(), w / w.sum())
+    # more reported dimensions than the top-k set holds: nu > k is impossible (probability 0)
+    small_k = local.signds_nu_log_probs(d, 4, h, 3, eps).exp().numpy()
+    w4 = np.array([math.comb(4, t) * math.comb(d - 4, h - t) * math.exp(eps * (t >= 3)) for t in tau])
+    assert np.allclose(small_k, w4 / w4.sum(), atol=1e-15) and (small_k[5:] == 0).all()
+    one = local.signds_nu_log_probs(d, 1, h, 1, eps).exp().numpy()  # a top-k set of one dimension
+    w1 = np.array([math.comb(1, t) * math.comb(d - 1, h - t) * math.exp(eps * (t >= 1)) for t in tau])
+    assert np.allclose(one, w1 / w1.sum(), atol=1e-15)
     n = 20_000
     upd = torch.randn(n, d, generator=generator_for(8))
     mask, signs, nu = local.signds_select(upd, k, h, nu_th, eps, rng_for(9))
@@ -110,6 +156,9 @@ def test_signds_nu_distribution_matches_formula():
     assert ((mask & in_top).sum(1) == nu).all()  # exactly nu reported dimensions from the top-k set
     counts = np.bincount(nu.numpy(), minlength=h + 1)
     assert chi2_pvalue(counts[w > 1e-12 * w.sum()], (w / w.sum())[w > 1e-12 * w.sum()]) > 1e-3
+    # the random direction: +1 or -1 with probability 1/2 each (5 standard errors of a Binomial count)
+    assert set(signs.tolist()) == {-1.0, 1.0} and signs.dtype == upd.dtype
+    assert abs(float((signs > 0).sum()) - n / 2) < 5 * math.sqrt(n / 4)
 
 
 def test_signds_subsets_are_uniform_inside_and_outside_the_top_k_set():

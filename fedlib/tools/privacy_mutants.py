@@ -49,6 +49,12 @@ _FIRST_WORD = ("SeedSequence.generate_state(n) returns the first n words of one 
 _DEFAULT_DTYPE = ("torch's default dtype is float32 and fedlib never changes it (no "
                   "set_default_dtype anywhere), so the draw is the same float32 sample")
 
+_LOG_COMB = "val = torch.lgamma(n + 1) - torch.lgamma(r.clamp(0) + 1) - torch.lgamma((n - r).clamp(0) + 1)"
+_SIGNS = ("signs = torch.from_numpy(np.where(rng.integers(0, 2, size=m) == 0, -1.0, 1.0))"
+          ".to(dev, updates.dtype)")
+_FAIR_COIN = ("maps the other face of a fair coin to -1: the random direction is still +1 or -1 with "
+              "probability 1/2 each, so its distribution, and every release after it, is the same")
+
 #: Surviving mutants that change no released distribution: (file, the original line, the mutated
 #: line, why), each line compared without surrounding whitespace. A test checks that every
 #: original line still exists, so an entry cannot outlive the code it argues about.
@@ -80,6 +86,22 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
     ("fedlib/privacy/noise.py",
      "return tmap(lambda x: (torch.randn(x.shape, generator=generator, dtype=torch.float32) * std)",
      "return tmap(lambda x: (torch.randn(x.shape, generator=generator, ) * std)", _DEFAULT_DTYPE),
+    ("fedlib/privacy/local.py", "return torch.where(u < p, center + level, center - level).to(values.dtype)",
+     "return torch.where(u <= p, center + level, center - level).to(values.dtype)",
+     "differs only where the float64 uniform equals p exactly, an event of probability at most 2^-53 "
+     "(one atom of the uniform), which moves P[+] by at most that atom"),
+    ("fedlib/privacy/local.py", "out[mask] = values[mask] + noise", "out[mask] = values[mask] - noise",
+     "subtracts the Laplace noise instead of adding it; Laplace(0, b) is symmetric, so the released "
+     "distribution is the same"),
+    ("fedlib/privacy/local.py", _LOG_COMB, _LOG_COMB.replace("lgamma(n + 1)", "lgamma(n + 2)"),
+     "n is the same for every tau within one call (k, or d - k), so the edit adds one finite constant "
+     "to every log-weight, which the normalisation removes"),
+    ("fedlib/privacy/local.py", _LOG_COMB, _LOG_COMB.replace("r.clamp(0) + 1", "r.clamp(1) + 1"),
+     "differs only at r = 0, where lgamma(2) = lgamma(1) = 0: the same value"),
+    ("fedlib/privacy/local.py", _LOG_COMB, _LOG_COMB.replace("(n - r).clamp(0) + 1", "(n - r).clamp(1) + 1"),
+     "differs only at n - r = 0, where lgamma(2) = lgamma(1) = 0 (negative n - r is masked out)"),
+    ("fedlib/privacy/local.py", _SIGNS, _SIGNS.replace("== 0, -1.0", "== 1, -1.0"), _FAIR_COIN),
+    ("fedlib/privacy/local.py", _SIGNS, _SIGNS.replace("== 0, -1.0", "!= 0, -1.0"), _FAIR_COIN),
     ("fedlib/privacy/noise.py", "lap = -scale * torch.sign(u) * torch.log1p(-2 * u.abs())",
      "lap = +scale * torch.sign(u) * torch.log1p(-2 * u.abs())",
      "negates every Laplace draw; Laplace(0, b) is symmetric, so the released distribution is the same "
