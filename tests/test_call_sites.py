@@ -194,3 +194,55 @@ def test_every_result_field_is_classified_released_or_diagnostic(name, tmp_path)
     assert set(p["released_metrics"]) | set(p["diagnostic_metrics"]) == metrics
     assert set(p["public_meta"]) | set(p["diagnostic_meta"]) == set(r.meta)
     assert "client_sizes" in p["diagnostic_meta"] and "train_loss" in p["diagnostic_metrics"]
+
+
+def test_moon_dpap_local_noise_is_keyed_on_round_and_client_and_secure():
+    """MOON-DPAP's local release is the secure (discrete) mechanism keyed on (local-noise stream,
+    round, client): the same key repeats exactly, another round or client draws other noise (noise
+    repeated across rounds would cancel in the difference of two releases), the float mechanism
+    would be another release, and pruned coordinates (the public mask) get neither value nor noise."""
+    from fedlib.algorithms.base import RoundContext
+    from fedlib.models import build_model
+    from fedlib.streams import Stream
+
+    cfg = Config(algorithm="moon_dpap", dp="local", dp_clip=0.05, **SMOKE).validate()
+    algo = ALGORITHMS["moon_dpap"](cfg, build_model(cfg.model))
+    params = {k: v.detach() for k, v in build_model(cfg.model).named_parameters()}
+    upload = {"delta": {k: torch.zeros_like(v) for k, v in params.items()}}
+
+    def release(t, client, shared=None):
+        ctx = RoundContext(t, params, algo.hyper(t), shared or {})
+        return algo.release(upload, client, ctx)[0]["delta"]
+
+    first = release(1, 2)
+    assert all(torch.equal(first[k], v) for k, v in release(1, 2).items())
+    for other in (release(2, 2), release(1, 3)):
+        assert all(not torch.equal(first[k], v) for k, v in other.items())
+    one = {k: v[None] for k, v in upload["delta"].items()}
+    seed = algo.noise_seed(Stream.LOCAL_NOISE, 1, 2)
+    z = algo.hyper(1)["noise_multiplier"]
+    secure = central.noisy_one(one, cfg.dp_clip, z, seed, True)
+    assert cfg.secure_noise and all(torch.equal(first[k], secure[k]) for k in first)
+    floating = central.noisy_one(one, cfg.dp_clip, z, seed, False)
+    assert any(not torch.equal(first[k], floating[k]) for k in first)
+    masks = {k: torch.arange(v.numel()).reshape(v.shape) % 2 == 0 for k, v in params.items()}
+    pruned = release(1, 2, {"masks": masks})
+    assert all((pruned[k][~masks[k]] == 0).all() and (pruned[k][masks[k]] != 0).any() for k in pruned)
+
+
+def test_noisy_one_is_the_secure_sum_of_one_by_default_and_keeps_the_mask():
+    """One client's local release is :func:`central.noisy_sum` over a batch of one, at replace-one
+    sensitivity, through the secure (discrete) mechanism unless asked otherwise; the public pruning
+    mask passes through (no noise on pruned coordinates)."""
+    one = {"w": torch.zeros(1, 64), "b": torch.zeros(1, 8)}
+    seed = (5, 41, 1, 2)
+    default = central.noisy_one(one, 0.05, 1.0, seed)
+    summed = central.noisy_sum(one, 0.05, 1.0, central.Relation.REPLACE_ONE, seed, True, None)
+    assert all(torch.equal(default[k], summed[k]) for k in one)
+    floating = central.noisy_one(one, 0.05, 1.0, seed, secure=False)
+    assert all(torch.equal(floating[k], central.noisy_sum(one, 0.05, 1.0, central.Relation.REPLACE_ONE, seed,
+                                                          False, None)[k]) for k in one)
+    assert any(not torch.equal(default[k], floating[k]) for k in one)
+    mask = {"w": torch.arange(64) % 2 == 0, "b": torch.ones(8, dtype=torch.bool)}
+    masked = central.noisy_one(one, 0.05, 1.0, seed, True, mask)
+    assert (masked["w"][~mask["w"]] == 0).all() and (masked["w"][mask["w"]] != 0).any()

@@ -363,3 +363,11 @@ def test_sampled_discrete_gaussian_is_bounded_in_both_directions(delta_steps):
                 forward = logsumexp(a * mix + (1 - a) * base) / (a - 1)
                 reverse = logsumexp(a * base + (1 - a) * mix) / (a - 1)
                 assert max(forward, reverse) <= curve[i] * (1 + 1e-9) + 1e-12, (z, q, a, forward, reverse)
+
+
+@pytest.mark.parametrize("epsilon, delta", [(0.0, 1e-5), (-1.0, 1e-5), (1.0, 0.0), (1.0, 1.0), (1.0, 1.5)])
+def test_gaussian_calibration_refuses_a_budget_outside_its_domain(epsilon, delta):
+    """epsilon > 0 and 0 < delta < 1: a zero or negative epsilon, and a delta of 0 (no Gaussian
+    mechanism is (epsilon, 0)-DP) or of 1 or more (no guarantee at all), are errors, not a sigma."""
+    with pytest.raises(ValueError):
+        gaussian_sigma(epsilon, delta)
