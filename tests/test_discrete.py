@@ -86,6 +86,47 @@ def test_exact_comparison_agrees_with_float_far_from_the_boundary():
                 assert _exact_below_exp(u, num, den, rng) == ((u + 1) / 2**53 <= p), (num, den, u)
 
 
+class ScriptedBits:
+    """A stand-in generator for :func:`_exact_below_exp`'s refinement: each 64-bit word it asks for
+    (as 63 bits, then 1) comes from ``words``; counts how many it gave."""
+
+    def __init__(self, words: list[int]):
+        self.halves = [h for w in words for h in (w >> 1, w & 1)]
+        self.used = 0
+
+    def integers(self, low, high):
+        assert (low, high) in ((0, 2**63), (0, 2))
+        self.used += 1
+        return self.halves[self.used - 1]
+
+
+@pytest.mark.parametrize("num, den", [(1, 2), (7, 5), (3, 1000)])
+def test_exact_comparison_refines_a_uniform_that_straddles_the_boundary(num, den):
+    """u = floor(p 2^53) places the uniform in the 53-bit interval that holds p = exp(-num/den): the
+    answer depends on the next bits. Compared with p at 1000 bits, for the uniform's extra bits all
+    0, all 1, and equal to p's own next 64 (undecided: a third word decides, just above or below p's
+    bits there); each case must stop after exactly the words that decide it."""
+    import mpmath
+
+    with mpmath.workprec(1000):
+        p = mpmath.exp(-mpmath.mpf(num) / den)
+        u = int(mpmath.floor(p * 2**53))
+        w1 = int(mpmath.floor(p * mpmath.mpf(2) ** 117)) - (u << 64)  # p's bits 54 to 117
+        w2 = int(mpmath.floor(p * mpmath.mpf(2) ** 181)) - (((u << 64) | w1) << 64)
+        for words, used in [([0], 2), ([2**64 - 1], 2), ([w1, 0], 4), ([w1, 2**64 - 1], 4),
+                            ([w1, w2 + 1], 4), ([w1, w2 - 1], 4)]:
+            rng = ScriptedBits(words)
+            value, bits = u, 53
+            for w in words:
+                value, bits = (value << 64) | w, bits + 64
+            lo, hi = mpmath.mpf(value) / mpmath.mpf(2) ** bits, mpmath.mpf(value + 1) / mpmath.mpf(2) ** bits
+            assert hi < p or lo > p  # the scripted bits decide
+            truth = hi < p
+            assert _exact_below_exp(u, num, den, rng) == truth, (words, truth)
+            assert rng.used == used
+    assert w1 not in (0, 2**64 - 1) and 0 < w2 < 2**64 - 1
+
+
 def test_grid_is_exact_and_sized_by_the_bound():
     g = grid_for(0.5)
     assert g.step == 2.0**-31 and 2**30 <= 0.5 / g.step < 2**31

@@ -39,6 +39,18 @@ def test_exponential_mechanism_frequencies():
     assert chi2_pvalue(counts, wrong / wrong.sum()) < 1e-6
 
 
+def sequential_sample(weights: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    """The reference for Gumbel top-k: ``k`` draws one after another, each proportional to the
+    weights of the items not drawn yet (1-d ``weights``)."""
+    w = weights.double().clone()
+    out = []
+    for _ in range(k):
+        j = int(torch.multinomial(w, 1, generator=generator))
+        out.append(j)
+        w[j] = 0.0
+    return torch.tensor(out)
+
+
 def exact_ordered_probs(w: np.ndarray, k: int) -> dict[tuple, float]:
     out = {}
     for seq in itertools.permutations(range(len(w)), k):
@@ -60,7 +72,7 @@ def test_gumbel_top_k_equals_sequential_sampling(sampler):
     if sampler == "gumbel":
         draws = local.gumbel_top_k(torch.tensor(np.log(w)).expand(n, -1), 2, g).numpy()
     else:
-        draws = np.stack([local.sequential_sample(torch.tensor(w), 2, g).numpy() for _ in range(n)])
+        draws = np.stack([sequential_sample(torch.tensor(w), 2, g).numpy() for _ in range(n)])
     counts = np.array([np.sum((draws[:, 0] == a) & (draws[:, 1] == b)) for a, b in keys])
     assert chi2_pvalue(counts, np.array([exact[k] for k in keys])) > 1e-3
 
@@ -71,6 +83,67 @@ def test_gumbel_top_k_never_picks_excluded_and_validates_k():
         assert set(local.gumbel_top_k(logw, 2, generator_for(s)).flatten().tolist()) == {0, 2}
     with pytest.raises(ValueError):
         local.gumbel_top_k(logw, 5, generator_for(0))
+
+
+def test_gumbel_is_float64_finite_and_free_of_ties():
+    """53-bit uniforms: 2^16 draws have no tie (expected pairs ~2^-22; float32 uniforms would give
+    ~128), every value is finite, and the draw is the inverse CDF of the generator's uniforms."""
+    g = local.gumbel((2**16,), generator_for(7))
+    assert g.dtype == torch.float64 and torch.isfinite(g).all()
+    assert g.unique().numel() == 2**16
+    u = torch.rand(2**16, generator=generator_for(7), dtype=torch.float64)
+    assert torch.equal(g, -torch.log(-torch.log(u)))
+    assert stats.kstest(g.numpy(), stats.gumbel_r.cdf).pvalue > 1e-3
+
+
+def test_gumbel_reads_the_zero_atom_as_the_smallest_uniform():
+    u = torch.tensor([0.0, 2.0**-53, 0.25, 0.5, 1 - 2.0**-53], dtype=torch.float64)
+    g = local.gumbel_from_uniform(u)
+    assert torch.isfinite(g).all() and g[0] == g[1]
+    assert torch.equal(g[1:], -torch.log(-torch.log(u[1:])))
+    assert (g[1:].diff() > 0).all()
+
+
+def test_gumbel_top_k_of_a_vector_and_of_no_item():
+    logw = torch.tensor([0.0, 5.0, -math.inf, 1.0])
+    assert local.gumbel_top_k(logw, 2, generator_for(1)).shape == (2,)
+    assert local.gumbel_top_k(logw.expand(3, -1), 0, generator_for(1)).shape == (3, 0)
+    for k in (-1, 5):
+        with pytest.raises(ValueError, match="k must be in"):
+            local.gumbel_top_k(logw, k, generator_for(1))
+
+
+def test_sequential_reference_draws_without_replacement():
+    w = torch.tensor([1.0, 1e6, 1.0, 2.0, 0.5])
+    perms = [sequential_sample(w, 5, generator_for(s)).tolist() for s in range(20)]
+    assert all(sorted(p) == list(range(5)) for p in perms)
+    assert sequential_sample(w, 5, generator_for(3)).tolist() == perms[3]
+
+
+def test_exponential_top_k_is_gumbel_top_k_of_its_log_weights():
+    """The weights are exp(eps u / (2 Delta)): with eps != Delta != 1 a dropped or swapped argument
+    changes the draw."""
+    u = torch.rand(50, 30, generator=generator_for(8), dtype=torch.float64) * 0.5
+    eps, sens, k = 3.0, 0.5, 4
+    logw = local.exponential_mechanism_log_weights(u, eps, sens)
+    assert torch.equal(logw, eps * u / (2 * sens))
+    picks = local.exponential_top_k(u, eps, k, generator_for(9), sensitivity=sens)
+    assert torch.equal(picks, local.gumbel_top_k(logw, k, generator_for(9)))
+
+
+@pytest.mark.parametrize("bad", [[-0.25, 0.5], [0.25, 0.75], [0.0, math.nan], [0.0, math.inf]])
+def test_exponential_top_k_refuses_utility_outside_its_range(bad):
+    with pytest.raises(local.SensitivityError, match="utility outside"):
+        local.exponential_top_k(torch.tensor([bad]), 1.0, 1, generator_for(0), sensitivity=0.5)
+
+
+def test_laplace_values_keep_the_values_dtype():
+    """float64 values get float64 noise (draws not all float32-representable), float32 ones float32."""
+    values = torch.zeros(2, 500, dtype=torch.float64)
+    out = local.laplace_values(values, torch.ones(2, 500, dtype=torch.bool), 1.0, generator_for(5))
+    assert out.dtype == torch.float64 and not torch.equal(out, out.float().double())
+    out32 = local.laplace_values(values.float(), torch.ones(2, 500, dtype=torch.bool), 1.0, generator_for(5))
+    assert out32.dtype == torch.float32 and torch.equal(out32, out.float())
 
 
 def test_laplace_values_scale_and_support():
@@ -126,6 +199,14 @@ def test_two_point_refuses_a_nonpositive_budget_or_radius(eps, r):
         local.two_point(torch.zeros(2, 3), 0.0, r, eps, generator_for(0))
 
 
+def test_two_point_of_one_vector_spends_epsilon_per_coordinate():
+    from fedlib.privacy.record import recording
+
+    with recording() as log:
+        out = local.two_point(torch.zeros(7), 0.0, 1.0, 0.5, generator_for(2))
+    assert out.shape == (7,) and [r.epsilon for r in log] == [pytest.approx(3.5)]
+
+
 def test_mask_of_keeps_exactly_the_counted_indices():
     idx = torch.tensor([[4, 1, 7], [0, 2, 5]])
     mask = local.mask_of(idx, 8, torch.tensor([2, 0]))
@@ -161,6 +242,19 @@ def test_signds_nu_distribution_matches_formula():
     assert abs(float((signs > 0).sum()) - n / 2) < 5 * math.sqrt(n / 4)
 
 
+def test_signds_nu_probabilities_are_float64_exact_at_model_size():
+    """At a model's size (d = 10^6, k = d/4) the log-binomials are ~5e5: float32 would be off by
+    ~0.1; the float64 result matches math.lgamma to 1e-6 (each float64 lgamma near 3e6 is good to
+    ~1e-9 absolute; six of them and a normalisation stay below 1e-7)."""
+    d, k, h, nu_th, eps = 1_000_000, 250_000, 100, 60, 2.0
+    logp = local.signds_nu_log_probs(d, k, h, nu_th, eps)
+    assert logp.dtype == torch.float64
+    lc = lambda n, r: math.lgamma(n + 1) - math.lgamma(r + 1) - math.lgamma(n - r + 1)  # noqa: E731
+    w = np.array([lc(k, t) + lc(d - k, h - t) + eps * (t >= nu_th) for t in range(h + 1)])
+    ref = w - (w.max() + math.log(np.exp(w - w.max()).sum()))
+    assert np.allclose(logp.numpy(), ref, rtol=0, atol=1e-6)
+
+
 def test_signds_subsets_are_uniform_inside_and_outside_the_top_k_set():
     d, k, h = 30, 6, 5
     n = 30_000
@@ -189,6 +283,23 @@ def test_discrete_laplace_values_on_the_grid_with_the_stated_scale():
     assert np.mean(np.abs(noise)) == pytest.approx(2.0 / 0.5, rel=0.03)  # E|X| = scale = 4
     with pytest.raises(ValueError, match="below what the released entries can change"):
         local.discrete_laplace_values(values, torch.ones(40_000, 2, dtype=torch.bool), 2.0, 0.5, rng_for(13))
+
+
+def test_discrete_laplace_values_clamp_to_the_range_and_take_any_shape():
+    """Values outside [-1, 1] are clamped before the noise (at eps = 1e6 the noise is ~2e-6, far
+    below the 4 units a missing clamp would leave); one client's vector (1-d) and an empty release
+    work, the latter spending nothing; the grid is 2^-30, not a coarser one."""
+    values = torch.tensor([5.0, -5.0, 0.5, 1.5, -1.5])
+    out, eps = local.discrete_laplace_values(values, torch.ones(5, dtype=torch.bool), 10.0, 1e6, rng_for(3))
+    assert torch.allclose(out, torch.tensor([1.0, -1.0, 0.5, 1.0, -1.0]), atol=1e-3) and 0 < eps <= 1e6
+    empty, spent = local.discrete_laplace_values(torch.zeros(0, 7), torch.zeros(0, 7, dtype=torch.bool), 0.5,
+                                                 1.0, rng_for(3))
+    assert empty.shape == (0, 7) and spent == 0.0
+    big = torch.full((20_000, 1), 0.25, dtype=torch.float64)
+    out, _ = local.discrete_laplace_values(big, big > 0, 2.0, 1.0, rng_for(4))
+    assert out.dtype == torch.float64
+    steps = (out.double() * 2**30).numpy()
+    assert np.all(steps == np.round(steps)) and np.any(steps % 2 == 1)
 
 
 def test_epsilon_functions_equal_hand_computation():
@@ -282,6 +393,42 @@ def test_fdl_as_published_adds_laplace_noise_of_scale_2_over_epsilon():
     assert float(released.var()) == pytest.approx(2 * b**2, rel=0.25)
 
 
+def test_fdl_as_published_filters_strictly_and_prefers_large_magnitudes():
+    """The paper's filter keeps |v| > r (strictly: 0.5 at r = 0.5 is dropped); its utility
+    1 + |v| favours large magnitudes (at eps_draw = 100 a gap of 0.3 is a weight ratio of e^15);
+    it records one release of infinite epsilon (a data-dependent filter has no finite bound)."""
+    from fedlib.privacy.record import recording
+
+    cfg = Config(algorithm="fdl", dataset="mnist", model="mlp", fdl_r=0.5, fdl_th=0.5,
+                 fdl_epsilon_per_draw=100.0).validate()
+    algo = ALGORITHMS["fdl"](cfg, build_model("mlp"))
+    flat = torch.zeros(50, 12)
+    flat[:, :8] = torch.tensor([1.0, -0.9, 0.6, 0.55, 0.5, -0.5, 0.25, 0.1])
+    with recording() as log:
+        up, stats = algo.encode(flat, (7, 8))
+    assert stats["kept_frac"] == pytest.approx(4 / algo.dims)  # 1, -0.9, 0.6, 0.55
+    assert (up["mask"].sum(1) == 2).all() and up["mask"][:, :2].all()
+    assert [(r.epsilon, r.noise_multiplier) for r in log] == [(math.inf, None)]
+
+
+def test_corrected_fdl_utility_saturates_at_r():
+    """Corrected FDL's utility is min(|v| / r, 1) (r > 0): every coordinate at or above r is
+    equally likely. Row (1, 0.5, 0.3, 0.1, 0, ...) at r = 0.25 and a large selection budget: each of
+    the first three is picked about 1/3 of the time (a utility |v| would pick the first ~99 %). At
+    r = 0 the utility is |v|, and an exactly zero coordinate is fine (no 0 / 0)."""
+    for r, first in [(0.25, (0.25, 0.42)), (0.0, (0.6, 1.0))]:
+        cfg = Config(algorithm="fdl", dataset="mnist", model="mlp", fdl_mode="corrected", fdl_k=1,
+                     fdl_r=r, ldp_clip=1.0, fdl_epsilon_per_round=40.0, fdl_selection_share=0.5).validate()
+        algo = ALGORITHMS["fdl"](cfg, build_model("mlp"))
+        flat = torch.zeros(3000, 50)
+        flat[:, :4] = torch.tensor([1.0, 0.5, 0.3, 0.1])
+        up, _ = algo.encode(flat, (1, 2))
+        share = up["mask"][:, :3].double().mean(0).numpy()
+        assert first[0] < share[0] < first[1], (r, share)
+        if r > 0:
+            assert np.all((share > 0.25) & (share < 0.42)), share
+
+
 def test_corrected_fdls_budget_pieces_follow_the_split():
     """The selection gets ``share * eps`` spread over its k draws and the values the rest, at L1
     sensitivity 2 per released value; checked at a share other than 1/2, where the two halves differ."""
@@ -318,11 +465,72 @@ def test_signds_and_ldp_fl_uploads():
     assert up["mask"].all() and algo.epsilon_per_round() == pytest.approx(0.5 * algo.dims)
 
 
+@pytest.mark.parametrize("algorithm,kw", [
+    ("ldp_fl", {}), ("signds_fl", {"signds_h": 30}), ("fdl", {"fdl_r": 0.3}),
+    ("fdl", {"fdl_mode": "corrected", "fdl_k": 40, "fdl_epsilon_per_round": 1.0})])
+def test_a_release_is_the_mechanism_keyed_on_its_stream_round_and_client(algorithm, kw):
+    """What a client sends is its algorithm's mechanism (``encode``) on its own flattened update
+    with the documented key (the stream, the round, the client: independent of every other
+    stream's draws); a boolean mask; and ``sent_frac``, the share of coordinates it sends."""
+    from fedlib.streams import Stream
+
+    cfg, algo, up, delta, _ = encode(algorithm, **kw)
+    ctx = RoundContext(3, {k: v[0] for k, v in delta.items()}, algo.hyper(3), {})
+    one = {k: v[1] for k, v in delta.items()}
+    out, stats = algo.release({"delta": one}, 1, ctx)
+    flat = torch.cat([v.reshape(1, -1) for v in one.values()], dim=1).float()
+    ref, ref_stats = algo.encode(flat, algo.noise_seed(algo.stream, 3, 1))
+    assert set(out) == set(ref) and all(torch.equal(out[k], ref[k][0]) for k in out)
+    assert out["mask"].dtype == torch.bool
+    assert stats == {"sent_frac": float(out["mask"].sum()) / algo.dims, **ref_stats}
+    assert 0 < stats["sent_frac"] <= 1
+    assert isinstance(algo.stream, Stream)
+
+
+def test_algorithm_statistics_say_what_they_name():
+    cfg, algo, up, delta, stats = encode("fdl", fdl_r=0.3, fdl_th=0.5)
+    flat = torch.cat([v.reshape(4, -1) for v in delta.values()], dim=1)
+    v = flat / flat.abs().amax(1, keepdim=True)
+    n_kept = (v.abs() > 0.3).sum(1)
+    assert stats["kept_frac"] == pytest.approx(float(n_kept.double().mean()) / algo.dims)
+    assert stats["th_mean"] == pytest.approx(float(torch.floor(0.5 * n_kept.double()).mean()))
+    assert (up["mask"].sum(1) == torch.floor(0.5 * n_kept.double()).long()).all()
+    assert torch.allclose(up["scale"], flat.abs().amax(1))
+    cfg, algo, up, delta, stats = encode("signds_fl", signds_h=30, signds_threshold=0.6)
+    assert stats["nu_threshold"] == 18 and 0 <= stats["nu_mean"] <= 30
+    cfg, algo, up, delta, stats = encode("fdl", fdl_mode="corrected", fdl_k=40, fdl_epsilon_per_round=1.0,
+                                         fdl_r=0.0)
+    assert stats["kept_frac"] == 1.0 and torch.equal(up["scale"], torch.full((4,), cfg.ldp_clip))
+
+
+@pytest.mark.parametrize("kw, ok", [
+    ({"signds_epsilon_per_round": 0.0}, False), ({"signds_epsilon_per_round": 1e-3}, True),
+    ({"signds_k": 0.0}, False), ({"signds_k": 0.25}, True), ({"signds_k": 0.26}, False),
+    ({"signds_k": 1.0}, False), ({"signds_h": 0}, False), ({"signds_h": 1}, True),
+    ({"signds_threshold": 0.49}, False), ({"signds_threshold": 0.5}, True), ({"signds_threshold": 1.0}, True),
+    ({"signds_threshold": 1.5}, False), ({"signds_lr": 0.0}, False), ({"signds_lr": 1e-3}, True)])
+def test_signds_settings_are_checked_at_their_bounds(kw, ok):
+    cfg = Config(algorithm="signds_fl", **kw)
+    if ok:
+        cfg.validate()
+    else:
+        with pytest.raises(Exception, match="signds"):
+            cfg.validate()
+
+
+def test_signds_top_set_has_at_least_one_coordinate():
+    cfg = Config(algorithm="signds_fl", signds_k=0.25).validate()
+    algo = ALGORITHMS["signds_fl"](cfg, build_model("mlp"))
+    assert [algo.top_k_size(d) for d in (1, 3, 4, 5, 1000)] == [1, 1, 1, 2, 250]
+
+
 def test_local_dp_config_errors():
     with pytest.raises(Exception, match="fdl_mode"):
         Config(algorithm="fdl", fdl_mode="typo").validate()
     with pytest.raises(Exception, match="ldp_fl_epsilon_per_coordinate"):
         Config(algorithm="ldp_fl", ldp_fl_epsilon_per_coordinate=0).validate()
+    with pytest.raises(Exception, match="ldp_clip > 0"):
+        Config(algorithm="ldp_fl", ldp_clip=0.0).validate()
 
 
 def test_corrected_fdl_without_noise_or_sparsity_is_fedavg(tmp_path):

@@ -96,6 +96,25 @@ def test_a_nan_client_cannot_break_the_released_sum():
     assert torch.isfinite(out[0]).all() and torch.equal(out[0], out[1])
 
 
+@pytest.mark.parametrize("norm_vs_clip", [0.5, 1.0, 2.0])
+def test_dp_fedavg_client_reports_its_norm_and_counts_the_clip_itself_as_unclipped(norm_vs_clip):
+    """The adaptive clip's count is b = 1[||delta|| <= C] (Andrew et al. 2021, Alg. 1): an update
+    of norm exactly C counts as unclipped (here 5 = |(3, 4)| exactly, in float32 too)."""
+    from fedlib import Config
+    from fedlib.algorithms.base import RoundContext
+    from fedlib.algorithms.dp_fedavg import DpFedAvg
+
+    cfg = Config(algorithm="dp_fedavg", clients=2, dp_clip=5.0 / norm_vs_clip, dp_noise_multiplier=1.0)
+    algo = DpFedAvg(cfg, torch.nn.Linear(1, 1))
+    g = {"w": torch.zeros(2)}
+    ctx = RoundContext(0, g, algo.hyper(0), algo.broadcast(algo.init_server_state(g)))
+    sstate = {"params": {"w": torch.tensor([3.0, 4.0])}, "steps": torch.tensor(1.0),
+              "loss_sum": torch.tensor(0.0)}
+    up, _, m = algo.client_final(sstate, {}, ctx)
+    assert m["update_norm"].item() == 5.0
+    assert up["unclipped"].item() == float(norm_vs_clip <= 1.0)
+
+
 def test_local_randomisers_treat_a_nan_update_as_zero():
     """LDP-FL's two-point output and corrected FDL's pairs stay inside their ranges for a NaN
     update, drawn as for an all-zero one (same client, round and key)."""
@@ -217,6 +236,26 @@ def test_reference_values_and_calibration_round_trip():
     # the research note's table (RDP, looser) asks for z = 9.0 for the same target
     assert calibrate_constant_noise(8.0, 1e-5, 200, accountant="rdp") == pytest.approx(9.0, abs=0.1)
     assert epsilon_of_gaussian_rounds([z1] * 200, 1e-5, accountant="pld") == pytest.approx(8.0, abs=0.02)
+    # large and small budgets (z far below and above 1)
+    for eps, z in [(50.0, 0.274), (0.1, 48.19)]:
+        zs = calibrate_constant_noise(eps, 1e-5, 10 if eps > 1 else 200, q=0.1, accountant="rdp")
+        assert zs == pytest.approx(z, rel=1e-3)
+
+
+def test_calibration_with_sampling_on_pld_is_tighter_than_rdp():
+    """PLD (tight) needs less noise than RDP for the same target, and spends exactly the target."""
+    z_pld = calibrate_constant_noise(2.0, 1e-5, 1, q=0.5, accountant="pld")
+    z_rdp = calibrate_constant_noise(2.0, 1e-5, 1, q=0.5, accountant="rdp")
+    assert z_pld < 0.95 * z_rdp
+    assert epsilon_of_gaussian_rounds([z_pld], 1e-5, q=0.5, accountant="pld") == pytest.approx(2.0, abs=1e-3)
+    assert epsilon_of_gaussian_rounds([z_rdp], 1e-5, q=0.5, accountant="rdp") == pytest.approx(2.0, abs=1e-3)
+
+
+@pytest.mark.parametrize("kw", [{"q": 0.0}, {"q": 1.5}, {"q": -0.1}, {"accountant": "PLD"},
+                                {"accountant": "moments"}])
+def test_calibration_refuses_a_bad_rate_or_accountant(kw):
+    with pytest.raises(ValueError, match="sampling rate|unknown accountant"):
+        calibrate_constant_noise(2.0, 1e-5, 10, **kw)
 
 
 @pytest.mark.parametrize("z,q,rounds", [(1.0, 0.1, 200), (0.7, 0.01, 37), (3.0, 1.0, 5), (1.3, 0.5, 1)])

@@ -45,6 +45,28 @@ def test_only_device_edits_are_equivalent_by_rule():
     assert pm.equivalence("f.py", line, "return lap.to(dtype=x.dtype)")
     assert pm.equivalence("f.py", line, "return lap.to(device=x.device, dtype=None)") is None
     assert pm.equivalence("f.py", line, "return (lap * 2).to(dtype=x.dtype)") is None
+    # positional devices, dropped or None; never another argument
+    line = "out = torch.from_numpy(v).to(values.device, values.dtype)"
+    for new in ("out = torch.from_numpy(v).to(None, values.dtype)",
+                "out = torch.from_numpy(v).to(values.dtype)"):
+        assert pm.device_only(line, new), new
+    for new in ("out = torch.from_numpy(v).to(values.device, )",
+                "out = torch.from_numpy(v).to(values.device, None)",
+                "out = torch.from_numpy(v).to(None, None)"):
+        assert not pm.device_only(line, new), new
+    line = "scores = w.double() + gumbel(tuple(w.shape), generator, w.device)"
+    assert pm.device_only(line, "scores = w.double() + gumbel(tuple(w.shape), generator, None)")
+    assert pm.device_only(line, "scores = w.double() + gumbel(tuple(w.shape), generator, )")
+    assert not pm.device_only(line, "scores = w.double() + gumbel(tuple(w.shape), None, w.device)")
+    assert pm.device_only("x = y.to(dev, z.dtype)", "x = y.to(None, z.dtype)")
+
+
+def test_only_release_labels_are_equivalent_by_rule():
+    line = 'note(Release("laplace", epsilon=k * eps))'
+    for new in ('note(Release(None, epsilon=k * eps))', 'note(Release("XXlaplaceXX", epsilon=k * eps))'):
+        assert pm.equivalence("f.py", line, new)
+    for new in ('note(Release("laplace", epsilon=k / eps))', 'note(Release("laplace", epsilon=None))'):
+        assert pm.equivalence("f.py", line, new) is None
 
 
 def test_every_equivalence_argument_is_about_a_line_that_exists():
@@ -69,7 +91,7 @@ def test_parse_results_reads_every_status():
 
 
 def test_summary_counts_unchecked_and_timeouts_honestly():
-    mutants = ([{"status": "killed"}] * 6 + [{"status": "timeout"}] * 2
+    mutants = ([{"status": "killed"}] * 5 + [{"status": "segfault"}] + [{"status": "timeout"}] * 2
                + [{"status": "survived", "equivalent": "why"}, {"status": "survived"}]
                + [{"status": "not checked"}] * 5)
     s = pm.summarise(mutants, finished=False)

@@ -39,10 +39,14 @@ class SignDsFl(SparseUpload):
             errs.append(f"signds_lr must be > 0, got {c.signds_lr}")
         return errs
 
+    def top_k_size(self, d: int) -> int:
+        """The size of the "top" set among ``d`` coordinates: ``ceil(signds_k d)``, at least one."""
+        return max(1, math.ceil(self.config.signds_k * d))
+
     def encode(self, flat: torch.Tensor, seed: tuple[int, ...]) -> tuple[dict[str, torch.Tensor], dict]:
         c = self.config
         d = flat.shape[1]
-        k = max(1, math.ceil(c.signds_k * d))
+        k = self.top_k_size(d)
         h = min(c.signds_h, d)
         nu_th = math.ceil(c.signds_threshold * h)
         mask, signs, nu = signds_select(flat, k, h, nu_th, c.signds_epsilon_per_round, rng_for(*seed))

@@ -112,15 +112,17 @@ def calibrate_constant_noise(target_epsilon: float, delta: float, rounds: int, q
 
     Without sampling (``q = 1``, tight accounting) the answer is exact and closed-form: T equal Gaussian
     releases are one Gaussian of multiplier ``z / sqrt(T)``, so ``z = sqrt(T) sigma(eps, delta)``.
-    With sampling, dp-accounting bisects on the chosen accountant.
+    With sampling, dp-accounting bisects on the chosen accountant (from its default bracket, which
+    doubles from 1 until the target is met; PLD there takes seconds per composition, RDP is fast).
     """
-    if q >= 1 and accountant == "pld":  # exact, like PLD (which would need a huge grid here)
+    if not 0 < q <= 1:
+        raise ValueError(f"sampling rate q must be in (0, 1], got {q}")
+    _accountant(accountant)  # a clear error for an unknown name before any work
+    if q == 1 and accountant == "pld":  # exact, like PLD (which would need a huge grid here)
         return math.sqrt(rounds) * gaussian_sigma(target_epsilon, delta)
-    make = (lambda: pld.PLDAccountant()) if accountant == "pld" else (lambda: rdp.RdpAccountant())
     return float(dpa.calibrate_dp_mechanism(
-        make, lambda z: dpa.SelfComposedDpEvent(_event(z, q), rounds),
-        target_epsilon=target_epsilon, target_delta=delta,
-        bracket_interval=dpa.ExplicitBracketInterval(0.05, 500.0)))
+        lambda: _accountant(accountant), lambda z: dpa.SelfComposedDpEvent(_event(z, q), rounds),
+        target_epsilon=target_epsilon, target_delta=delta))
 
 
 # ---- integer-order RDP: the guarantee of the discrete Gaussian ---------------------------------

@@ -39,10 +39,17 @@ from fedlib.privacy.record import Release, SensitivityError, note
 
 
 # ---- the exponential mechanism without replacement ---------------------------------------
+def gumbel_from_uniform(u: torch.Tensor) -> torch.Tensor:
+    """``-log(-log u)``: standard Gumbel values of uniforms ``u`` in ``[0, 1)`` (inverse CDF). The
+    atom ``u = 0`` (probability 2^-53 for 53-bit uniforms) is read as the smallest positive
+    uniform, 2^-53, so that every value is finite (a ``-inf`` score would never be drawn)."""
+    return -torch.log(-torch.log(u.clamp_min(2.0 ** -53)))
+
+
 def gumbel(shape: tuple[int, ...], generator: torch.Generator, device=None) -> torch.Tensor:
-    """Standard Gumbel noise in float64 (53-bit uniforms; ties have probability ~1e-16 per pair)."""
-    u = torch.rand(shape, generator=generator, dtype=torch.float64).to(device)
-    return -torch.log(-torch.log(u.clamp(1e-300, 1 - 2 ** -53)))
+    """Standard Gumbel noise in float64 from 53-bit uniforms (ties have probability ~1e-16 per
+    pair), drawn on the CPU from ``generator`` and moved to ``device``."""
+    return gumbel_from_uniform(torch.rand(shape, generator=generator, dtype=torch.float64)).to(device)
 
 
 def gumbel_top_k(log_weights: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
@@ -53,18 +60,6 @@ def gumbel_top_k(log_weights: torch.Tensor, k: int, generator: torch.Generator) 
         raise ValueError(f"k must be in [0, {log_weights.shape[-1]}], got {k}")
     scores = log_weights.double() + gumbel(tuple(log_weights.shape), generator, log_weights.device)
     return torch.topk(scores, k, dim=-1).indices
-
-
-def sequential_sample(weights: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
-    """The reference: ``k`` draws one after another, each proportional to ``weights`` of the
-    items not drawn yet (1-d ``weights``). Slow; for tests."""
-    w = weights.double().clone()
-    out = []
-    for _ in range(k):
-        j = int(torch.multinomial(w / w.sum(), 1, generator=generator))
-        out.append(j)
-        w[j] = 0.0
-    return torch.tensor(out)
 
 
 def exponential_mechanism_log_weights(utility: torch.Tensor, epsilon: float,
@@ -188,7 +183,8 @@ def laplace_values(values: torch.Tensor, mask: torch.Tensor, scale: float,
                    generator: torch.Generator) -> torch.Tensor:
     """``values + Laplace(0, scale)`` on the masked entries (noise drawn for those only, in
     row-major order), exactly 0 elsewhere; continuous float64 noise (FDL as published only)."""
-    noise = laplace_noise_like(torch.zeros(int(mask.sum())), scale, generator).to(values.device, values.dtype)
+    zeros = torch.zeros(int(mask.sum()), dtype=values.dtype)
+    noise = laplace_noise_like(zeros, scale, generator).to(values.device)
     out = torch.zeros_like(values)
     out[mask] = values[mask] + noise
     return out

@@ -55,10 +55,72 @@ _SIGNS = ("signs = torch.from_numpy(np.where(rng.integers(0, 2, size=m) == 0, -1
 _FAIR_COIN = ("maps the other face of a fair coin to -1: the random direction is still +1 or -1 with "
               "probability 1/2 each, so its distribution, and every release after it, is the same")
 
+_EXACT_MARGIN = ("changes the working precision (by a few bits) or the safety margin err = 2^-prec of the "
+                 "exact comparison of a uniform with exp(-num/den). A round decides only when the "
+                 "uniform's interval, of width 2^-bits with prec = bits + 203, is clear of the target "
+                 "by err; with the edit a decision can be wrong only if exp(-num/den) lies within "
+                 "2^-(prec - 20) of an end of that interval: probability below 2^-180 per comparison "
+                 "(tests/test_discrete.py checks the decisions at the boundary against 1000-bit "
+                 "arithmetic), far below the 2^-53 resolution of every other draw")
+
+_NO_REPLACE = ("numpy's Generator.choice reads replace as a truth value: None, like False, draws "
+               "without replacement")
+
+_LOCAL, _DISCRETE = "fedlib/privacy/local.py", "fedlib/privacy/discrete.py"
+
+
+def _swap(file: str, line: str, old: str, new: str, why: str) -> tuple[str, str, str, str]:
+    """An entry of :data:`EQUIVALENT`: ``line`` of ``file`` with its first ``old`` made ``new``."""
+    if old not in line:
+        raise ValueError(f"{old!r} is not in {line!r}")
+    return file, line, line.replace(old, new, 1), why
+
+
 #: Surviving mutants that change no released distribution: (file, the original line, the mutated
 #: line, why), each line compared without surrounding whitespace. A test checks that every
 #: original line still exists, so an entry cannot outlive the code it argues about.
 EQUIVALENT: list[tuple[str, str, str, str]] = [
+    _swap(_LOCAL, _SIGNS, "rng.integers(0, 2, size=m)", "rng.integers(2, size=m)",
+          "numpy's Generator.integers(2) draws from [0, 2), the same call as integers(0, 2)"),
+    _swap(_LOCAL, "top = torch.topk(signs[:, None] * updates, k, dim=1).indices.cpu().numpy()",
+          ", dim=1)", ", )", "the updates are 2-d (m, d): torch.topk's default dim, -1, is dim 1"),
+    _swap(_LOCAL, "mask[i, top[i, rng.choice(k, size=min(int(nu[i]), k), replace=False)]] = True",
+          "replace=False", "replace=None", _NO_REPLACE),
+    _swap(_LOCAL, "r = rng.choice(d - k, size=h - int(nu[i]), replace=False)",
+          "replace=False", "replace=None", _NO_REPLACE),
+    _swap(_LOCAL, "nu = rng.choice(h + 1, size=m, p=probs / probs.sum())",
+          "probs / probs", "probs * probs",
+          "the probabilities are normalised in float64 (logsumexp), so their sum is 1 within ~1e-15: "
+          "dividing or multiplying by it changes each by a factor 1 +- 1e-15, and numpy's choice "
+          "renormalises its cumulative sum anyway"),
+    _swap(_LOCAL, "noisy = grid.encode(kept) + discrete_laplace(kept.size, scale_steps, rng)",
+          " + discrete", " - discrete",
+          "the discrete Laplace is symmetric about 0: adding -X releases the same distribution as adding X"),
+    _swap(_LOCAL,
+          "true_l1 = 2.0 * float(mask.reshape(-1, mask.shape[-1]).sum(-1).max()) if mask.numel() else 0.0",
+          ".sum(-1)", ".sum(+1)", "the mask is reshaped to 2-d (rows, d), where dim +1 is dim -1"),
+    _swap("fedlib/algorithms/signds_fl.py",
+          "values = torch.where(mask, c.signds_lr * signs[:, None], torch.zeros_like(flat))", "lr * signs",
+          "lr / signs",
+          "the signs are exactly +1 or -1, and lr / s equals lr * s for s = +-1 in IEEE arithmetic"),
+    _swap("fedlib/algorithms/fdl.py",
+          "logw = exponential_mechanism_log_weights(1.0 + v.abs(), c.fdl_epsilon_per_draw)",
+          "(1.0 + ", "(2.0 + ",
+          "adds the same constant, eps / 2, to every log-weight of a row: the exponential mechanism's "
+          "probabilities are unchanged (the Gumbel top-k order too, up to float64 rounding of near-ties, "
+          "probability ~1e-16); the filtered coordinates stay at -inf"),
+    *[_swap(_DISCRETE, line, a, b, _EXACT_MARGIN) for line, a, b in [
+        ("prec = 256", "256", "257"),
+        ("with mpmath.workprec(prec + 16):", "+ 16", "- 16"),
+        ("with mpmath.workprec(prec + 16):", "16", "17"),
+        ("err = mpmath.mpf(2) ** (-prec)", "mpf(2)", "mpf(3)"),
+        ("if hi < target - err:", "<", "<="),
+        ("if hi < target - err:", "- err", "+ err"),
+        ("if lo > target + err:", ">", ">="),
+        ("if lo > target + err:", "+ err", "- err")]],
+    ("fedlib/privacy/local.py", "return torch.topk(scores, k, dim=-1).indices",
+     "return torch.topk(scores, k, ).indices",
+     "torch.topk's dim defaults to -1, the same dimension the argument names"),
     ("fedlib/privacy/clipping.py",
      "scale = torch.where(norm > clip, clip / norm.clamp_min(clip), torch.ones_like(norm))",
      "scale = torch.where(norm >= clip, clip / norm.clamp_min(clip), torch.ones_like(norm))", _AT_ONE),
@@ -108,15 +170,46 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
      "(the draws differ, as with another seed)"),
 ]
 
-_DEVICE_ARG = re.compile(r"device=[\w.]+(,\s*)?")
+_DEVICE_ARG = re.compile(r"device=[\w.]+")
+_DEVICE_VALUE = re.compile(r"(?<=[(,\s])(?:[\w.]*\bdevice|dev)\b(?!\s*=)")
+
+
+def _squeeze(line: str) -> str:
+    """A line without whitespace and without the empty argument slots that removing one leaves."""
+    line = re.sub(r"\s+", "", line)
+    while True:
+        shorter = line.replace("(,", "(").replace(",,", ",").replace(",)", ")")
+        if shorter == line:
+            return line
+        line = shorter
 
 
 def device_only(old: str, new: str) -> bool:
-    """Whether a mutant only drops a ``device=`` argument or sets it to None: the tensor is then
-    made on (or left on) the CPU. On a CPU run nothing changes; on a GPU run a CPU tensor of more
-    than zero dimensions combined with a GPU one raises (tests/test_cuda.py), so no released value
-    changes silently."""
-    return old != new and _DEVICE_ARG.sub("", old) == _DEVICE_ARG.sub("", new)
+    """Whether a mutant only drops a device argument (``device=x``, or a positional ``x.device`` /
+    ``device`` / ``dev``) or replaces it by None: the tensor is then made on (or left on) the CPU.
+    Device placement never changes a value: on a CPU nothing changes; on a GPU a CPU tensor of more
+    than zero dimensions combined with a GPU one raises, or is copied unchanged (tests/test_cuda.py
+    runs the mechanisms there), so no released value changes silently."""
+    if old == new:
+        return False
+    target = _squeeze(new)
+    for pattern in (_DEVICE_ARG, _DEVICE_VALUE):
+        for m in pattern.finditer(old):
+            for repl in ("", "None", "device=None"):
+                if _squeeze(old[:m.start()] + repl + old[m.end():]) == target:
+                    return True
+    return False
+
+
+#: A recorded release's label (:class:`fedlib.privacy.record.Release`'s ``mechanism``) names the
+#: call for people; :func:`fedlib.privacy.record.check` compares only its noise multiplier or epsilon.
+_RELEASE_LABEL = re.compile(r"""Release\((None|"[^"]*"|'[^']*')""")
+
+
+def release_label_only(old: str, new: str) -> bool:
+    """Whether a mutant changes only the label of a recorded :class:`Release` (its first argument)."""
+    return (old != new and bool(_RELEASE_LABEL.search(old))
+            and _RELEASE_LABEL.sub("Release(L", old) == _RELEASE_LABEL.sub("Release(L", new))
 
 
 def _mutmut(args: list[str], cwd: Path, env: dict) -> str:
@@ -224,18 +317,24 @@ def equivalence(file: str, old: str, new: str) -> str | None:
     if message_only(old, new):
         return "changes the text of an error or a message only, not what is released"
     if device_only(old, new):
-        return ("changes only the device a tensor is made on: identical on a CPU, an error on a GPU "
-                "(a CPU tensor meets a GPU one), never another released value")
+        return ("changes only the device a tensor is made on: identical values on a CPU; on a GPU an "
+                "error (a CPU tensor meets a GPU one) or the same values copied, never another "
+                "released value")
+    if release_label_only(old, new):
+        return ("changes only the label of a recorded release, which names the call for people; the "
+                "check of what was released against what is accounted reads its noise multiplier "
+                "or epsilon only")
     for f, o, n, why in EQUIVALENT:
         if f == file and o == old and n == new:
             return why
     return None
 
 
-#: Statuses that count as detected: the tests failed, or ran past mutmut's time limit (a
-#: mutant that makes a sampler loop for ever; the limit is on CPU time and on wall time, the
-#: latter a multiple of the test's measured duration, so run it on an otherwise idle machine).
-DETECTED = ("killed", "timeout", "caught by type check")
+#: Statuses that count as detected: the tests failed, crashed the test process (a segfault: a
+#: mutant that hands a native routine a bad argument), or ran past mutmut's time limit (a mutant
+#: that makes a sampler loop for ever; the limit is on CPU time and on wall time, the latter a
+#: multiple of the test's measured duration, so run it on an otherwise idle machine).
+DETECTED = ("killed", "timeout", "segfault", "caught by type check")
 
 
 def parse_results(text: str) -> list[dict]:
