@@ -409,6 +409,10 @@ def test_fdl_as_published_filters_strictly_and_prefers_large_magnitudes():
     assert stats["kept_frac"] == pytest.approx(4 / algo.dims)  # 1, -0.9, 0.6, 0.55
     assert (up["mask"].sum(1) == 2).all() and up["mask"][:, :2].all()
     assert [(r.epsilon, r.noise_multiplier) for r in log] == [(math.inf, None)]
+    # rows encoded together keep their own counts: 4 and 2 kept coordinates, th 2 and 1
+    flat[1, 2:4] = 0.0
+    up, _ = algo.encode(flat[:2], (7, 9))
+    assert up["mask"].sum(1).tolist() == [2, 1]
 
 
 def test_corrected_fdl_utility_saturates_at_r():

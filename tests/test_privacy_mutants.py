@@ -37,6 +37,9 @@ def test_only_message_edits_are_equivalent_by_rule():
     assert pm.equivalence("f.py", 'if clip <= 0: raise ValueError("x")',
                           'if clip < 0: raise ValueError("x")') is None
     assert pm.equivalence("f.py", "sigma = z * clip", "sigma = z / clip") is None
+    line = 'return ["LDP-FL needs ldp_clip > 0"]'
+    assert pm.equivalence("f.py", line, 'return ["XXLDP-FL needs ldp_clip > 0XX"]')
+    assert pm.equivalence("f.py", "return [x]", "return [y]") is None
 
 
 def test_only_device_edits_are_equivalent_by_rule():

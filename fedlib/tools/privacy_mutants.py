@@ -298,12 +298,13 @@ def source_file(name: str) -> str:
 
 
 _STRING = re.compile(r"""(?:[rbfRBF]{0,2})("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')""")
-_MESSAGE_CALL = re.compile(r"^(raise \w+\(|errs\.append\(|warnings\.warn\(|print\(|log\()")
+_MESSAGE_CALL = re.compile(r"^(raise \w+\(|errs\.append\(|warnings\.warn\(|print\(|log\("
+                           r"|return \[(?=[rbfRBF]{0,2}[\"']))")
 
 
 def message_only(old: str, new: str) -> bool:
     """Whether a mutant changes only the text of a message: the line raises the same exception, or
-    appends to the same list of configuration errors, with another message (or None); or it is a
+    appends to (or returns) a list of configuration errors, with another message (or None); or it is a
     bare string literal (a continuation of such a message) changed into another one."""
     m_old, m_new = _MESSAGE_CALL.match(old), _MESSAGE_CALL.match(new)
     if m_old and m_new and m_old.group(1) == m_new.group(1):
