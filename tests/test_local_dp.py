@@ -427,6 +427,7 @@ def test_corrected_fdl_utility_saturates_at_r():
         flat = torch.zeros(3000, 50)
         flat[:, :4] = torch.tensor([1.0, 0.5, 0.3, 0.1])
         up, _ = algo.encode(flat, (1, 2))
+        assert torch.equal(up["scale"], torch.full((3000,), 1.0))  # one scale per row
         share = up["mask"][:, :3].double().mean(0).numpy()
         assert first[0] < share[0] < first[1], (r, share)
         if r > 0:

@@ -232,6 +232,7 @@ def test_reference_values_and_calibration_round_trip():
     back = epsilon_of_gaussian_rounds([z] * 200, 1e-5, q=0.1, accountant="rdp")
     assert back == pytest.approx(4.0, abs=0.01)
     z1 = calibrate_constant_noise(8.0, 1e-5, 200)  # no sampling: exact closed form
+    assert z1 == math.sqrt(200) * gaussian_sigma(8.0, 1e-5)
     assert z1 == pytest.approx(8.49, abs=0.01)
     # the research note's table (RDP, looser) asks for z = 9.0 for the same target
     assert calibrate_constant_noise(8.0, 1e-5, 200, accountant="rdp") == pytest.approx(9.0, abs=0.1)

@@ -83,6 +83,19 @@ def test_every_equivalence_argument_is_about_a_line_that_exists():
         assert new != old and len(why) > 40
 
 
+def test_verdicts_made_with_other_tests_are_forgotten(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("def test_a(): pass\n")
+    (tmp_path / "pyproject.toml").write_text("[tool.mutmut]\n")
+    (tmp_path / "mutants").mkdir()
+    (tmp_path / "mutants" / "x.py.meta").write_text("{}")
+    assert pm.forget_stale_verdicts(tmp_path)  # no fingerprint yet: stale
+    (tmp_path / "mutants").mkdir()
+    assert not pm.forget_stale_verdicts(tmp_path) and (tmp_path / "mutants").exists()
+    (tmp_path / "tests" / "test_a.py").write_text("def test_a(): assert 1\n")
+    assert pm.forget_stale_verdicts(tmp_path) and not (tmp_path / "mutants").exists()
+
+
 def test_parse_results_reads_every_status():
     text = ("    fedlib.privacy.noise.x_gauss__mutmut_1: killed\n"
             "    fedlib.privacy.record.x\u01c1Release\u01c1check__mutmut_12: survived\n"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import json
 import os
 import re
@@ -117,7 +118,12 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
         ("if hi < target - err:", "<", "<="),
         ("if hi < target - err:", "- err", "+ err"),
         ("if lo > target + err:", ">", ">="),
-        ("if lo > target + err:", "+ err", "- err")]],
+        ("if lo > target + err:", "+ err", "- err"),
+        ("prec += 64", "64", "65")]],
+    *[_swap(_LOCAL, "n = torch.as_tensor(n, dtype=torch.float64)", "dtype=torch.float64", new,
+            "n (k or d - k) is the same for every tau, so lgamma(n + 1), float32 or float64, is one "
+            "constant in every log-weight, removed by the normalisation (up to float64 rounding, ~1e-10)")
+      for new in ("dtype=None", "")],
     ("fedlib/privacy/local.py", "return torch.topk(scores, k, dim=-1).indices",
      "return torch.topk(scores, k, ).indices",
      "torch.topk's dim defaults to -1, the same dimension the argument names"),
@@ -261,13 +267,40 @@ def reset_interrupted(workdir: Path) -> int:
     return count
 
 
+#: The file in a work folder that holds the fingerprint of the tests its verdicts were made with.
+TESTS_MARK = "tests.sha256"
+
+
+def tests_fingerprint(root: Path) -> str:
+    """SHA-256 of what decides a mutant's verdict besides its own code: every file under ``tests/``
+    and ``pyproject.toml`` (mutmut's settings, the test selection)."""
+    h = hashlib.sha256()
+    for f in sorted([*(root / "tests").rglob("*"), root / "pyproject.toml"]):
+        if f.is_file() and "__pycache__" not in f.parts:
+            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def forget_stale_verdicts(workdir: Path) -> bool:
+    """Drop mutmut's state in ``workdir`` when the tests changed since its verdicts were made
+    (mutmut keeps a verdict while the mutated function is unchanged, even when a new test would now
+    kill a survivor, or a removed one no longer kills it). Returns whether it did; records the
+    current fingerprint."""
+    mark, now = workdir / TESTS_MARK, tests_fingerprint(workdir)
+    stale = (workdir / "mutants").exists() and (not mark.exists() or mark.read_text() != now)
+    if stale:
+        shutil.rmtree(workdir / "mutants")
+    atomic_write_bytes(mark, now.encode())
+    return stale
+
+
 def copy_repository(target: Path, source: Path = REPO_ROOT) -> None:
     """The tracked files (and untracked, not ignored ones) of the repository ``source`` into
     ``target``, replacing an earlier copy there but keeping mutmut's state (``mutants/``, whose
     verdicts stay valid for every function that did not change) and its log. Copies keep their
     modification times, which is how mutmut tells which files changed."""
     for old in target.iterdir():
-        if old.name not in ("mutants", "mutmut.log"):
+        if old.name not in ("mutants", "mutmut.log", TESTS_MARK):
             shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=source,
                            capture_output=True, check=True).stdout.split(b"\0")
@@ -375,7 +408,8 @@ def run(workdir: Path | None = None, budget_min: float | None = None, source: Pa
 
     ``workdir`` keeps mutmut's state between runs: the repository is copied over it again, mutmut
     regenerates the mutants of the functions that changed and tests only the mutants without a
-    verdict. With ``budget_min`` the run stops after that many minutes (plus mutmut's start-up
+    verdict; if the tests changed, every verdict is dropped first (:func:`forget_stale_verdicts`).
+    With ``budget_min`` the run stops after that many minutes (plus mutmut's start-up
     and the report) and the report says how many mutants are still unchecked. ``source`` is the
     repository to mutate (another one only in the tests). ``names`` (globs of mutant names, e.g.
     ``fedlib.privacy.clipping.*``) tests only those mutants, again even where they have a verdict.
@@ -385,6 +419,7 @@ def run(workdir: Path | None = None, budget_min: float | None = None, source: Pa
     from fedlib.data import data_dir
 
     start = time.time()
+    commit = git_commit()  # of the code as it is copied, not as it is when the run ends
     tmp = Path(workdir or tempfile.mkdtemp(prefix="fedlib-mutants-"))
     tmp.mkdir(parents=True, exist_ok=True)
     copy_repository(tmp, source)
@@ -392,6 +427,9 @@ def run(workdir: Path | None = None, budget_min: float | None = None, source: Pa
         cfg = tmp / "pyproject.toml"
         cfg.write_text(re.sub(r"(?m)^timeout_multiplier = .*$", f"timeout_multiplier = {timeout_multiplier}",
                               cfg.read_text()))
+    if forget_stale_verdicts(tmp):
+        print(f"the tests changed since the verdicts in {tmp} were made: testing every mutant again",
+              file=sys.stderr)
     reset_interrupted(tmp)
     # one OpenMP thread: mutmut forks a process per mutant, and a child forked after a parallel
     # region deadlocks (see tests/conftest.py), which mutmut would count as a timeout, "detected"
@@ -412,7 +450,8 @@ def run(workdir: Path | None = None, budget_min: float | None = None, source: Pa
                 mt["equivalent"] = why
     report = {
         "tool": "mutmut " + _mutmut(["--version"], tmp, env).strip().split()[-1],
-        "commit": git_commit(),
+        "commit": commit,
+        "tests_sha256": tests_fingerprint(tmp),
         "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "minutes": round((time.time() - start) / 60, 1),
         "timeout_multiplier": tomllib.loads((tmp / "pyproject.toml").read_text())["tool"]["mutmut"]
