@@ -212,3 +212,12 @@ def test_a_real_mutmut_run_reports_its_survivor_and_resumes(toy_repository, tmp_
     again = pm.run(work, source=toy_repository)
     statuses = lambda r: {m["name"]: m["status"] for m in r["mutants"]}  # noqa: E731
     assert statuses(again) == statuses(report)
+    # the report alone, from the kept folder, running nothing: the same verdicts and provenance
+    alone = pm.build_report(work)
+    assert statuses(alone) == statuses(report) and alone["minutes"] is None
+    assert alone["commit"] == report["commit"] and alone["tests_sha256"] == report["tests_sha256"]
+    out = tmp_path / "report.json"
+    assert pm.main(["report", "--workdir", str(work), "--out", str(out)]) == 1  # one unexplained survivor
+    assert json.loads(out.read_text())["unexplained"] == 1
+    with pytest.raises(SystemExit):
+        pm.main(["report", "--workdir", str(tmp_path / "nothing")])

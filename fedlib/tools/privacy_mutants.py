@@ -269,6 +269,8 @@ def reset_interrupted(workdir: Path) -> int:
 
 #: The file in a work folder that holds the fingerprint of the tests its verdicts were made with.
 TESTS_MARK = "tests.sha256"
+#: The file in a work folder that says which commit its code was copied from.
+SOURCE_MARK = "source.json"
 
 
 def tests_fingerprint(root: Path) -> str:
@@ -300,7 +302,7 @@ def copy_repository(target: Path, source: Path = REPO_ROOT) -> None:
     verdicts stay valid for every function that did not change) and its log. Copies keep their
     modification times, which is how mutmut tells which files changed."""
     for old in target.iterdir():
-        if old.name not in ("mutants", "mutmut.log", TESTS_MARK):
+        if old.name not in ("mutants", "mutmut.log", TESTS_MARK, SOURCE_MARK):
             shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=source,
                            capture_output=True, check=True).stdout.split(b"\0")
@@ -416,8 +418,6 @@ def run(workdir: Path | None = None, budget_min: float | None = None, source: Pa
     ``timeout_multiplier`` replaces the configured one in the copy: mutmut also limits each
     mutant's wall time to that multiple of its tests' measured time, which a busy machine can
     exceed (a false "timeout"); it is recorded in the report."""
-    from fedlib.data import data_dir
-
     start = time.time()
     commit = git_commit()  # of the code as it is copied, not as it is when the run ends
     tmp = Path(workdir or tempfile.mkdtemp(prefix="fedlib-mutants-"))
@@ -430,38 +430,56 @@ def run(workdir: Path | None = None, budget_min: float | None = None, source: Pa
     if forget_stale_verdicts(tmp):
         print(f"the tests changed since the verdicts in {tmp} were made: testing every mutant again",
               file=sys.stderr)
+    atomic_write_bytes(tmp / SOURCE_MARK, json.dumps({"commit": commit}).encode())
     reset_interrupted(tmp)
-    # one OpenMP thread: mutmut forks a process per mutant, and a child forked after a parallel
-    # region deadlocks (see tests/conftest.py), which mutmut would count as a timeout, "detected"
+    with open(tmp / "mutmut.log", "a") as log:
+        finished = _mutmut_run(tmp, _env(), log, None if budget_min is None else budget_min * 60, list(names))
+    report = build_report(tmp, finished, minutes=round((time.time() - start) / 60, 1))
+    if workdir is None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return report
+
+
+def _env() -> dict:
+    """mutmut's environment: the shared data folder, and one OpenMP thread (mutmut forks a process
+    per mutant, and a child forked after a parallel region deadlocks (see tests/conftest.py), which
+    mutmut would count as a timeout, "detected")."""
+    from fedlib.data import data_dir
+
     env = {**os.environ, "FEDLIB_DATA_DIR": str(data_dir().resolve()), "PYTHONUNBUFFERED": "1",
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     env.pop("FEDLIB_RESULTS_DIR", None)
-    with open(tmp / "mutmut.log", "a") as log:
-        finished = _mutmut_run(tmp, env, log, None if budget_min is None else budget_min * 60, list(names))
-    reset_interrupted(tmp)
-    mutants = parse_results(_mutmut(["results", "--all", "true"], tmp, env))
+    return env
+
+
+def build_report(workdir: Path, finished: bool = True, minutes: float | None = None) -> dict:
+    """The report of the verdicts kept in ``workdir`` (see the module docstring): every mutant with
+    its status, each survivor with its diff and the argument that it is equivalent, if any; the
+    commit the code was copied from and the fingerprint of the tests that made the verdicts.
+    ``finished``: whether the run that made them ended by itself (not stopped at its budget)."""
+    env = _env()
+    reset_interrupted(workdir)
+    mutants = parse_results(_mutmut(["results", "--all", "true"], workdir, env))
     for mt in mutants:
         mt["file"] = source_file(mt["name"])
         if mt["status"] not in (*DETECTED, "not checked"):
-            old, new = changed_lines(_mutmut(["show", mt["name"]], tmp, env))
+            old, new = changed_lines(_mutmut(["show", mt["name"]], workdir, env))
             mt.update({"old": old, "new": new})
             why = equivalence(mt["file"], old, new)
             if why:
                 mt["equivalent"] = why
-    report = {
-        "tool": "mutmut " + _mutmut(["--version"], tmp, env).strip().split()[-1],
-        "commit": commit,
-        "tests_sha256": tests_fingerprint(tmp),
+    source = workdir / SOURCE_MARK
+    return {
+        "tool": "mutmut " + _mutmut(["--version"], workdir, env).strip().split()[-1],
+        "commit": json.loads(source.read_text())["commit"] if source.exists() else "unknown",
+        "tests_sha256": tests_fingerprint(workdir),
         "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "minutes": round((time.time() - start) / 60, 1),
-        "timeout_multiplier": tomllib.loads((tmp / "pyproject.toml").read_text())["tool"]["mutmut"]
+        "minutes": minutes,
+        "timeout_multiplier": tomllib.loads((workdir / "pyproject.toml").read_text())["tool"]["mutmut"]
         .get("timeout_multiplier"),
         **summarise(mutants, finished),
         "mutants": mutants,
     }
-    if workdir is None:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return report
 
 
 def load_report(path: Path = REPORT) -> dict | None:
@@ -520,14 +538,25 @@ def main(argv: list[str] | None = None) -> int:
                    help="mutmut's wall-time limit per mutant, as a multiple of its tests' time "
                         "(raise it on a busy machine; default: pyproject.toml's)")
     r.add_argument("--out", type=Path, default=REPORT)
+    b = sub.add_parser("report", help="write the report of the verdicts kept in a work folder, "
+                                      "running nothing")
+    b.add_argument("--workdir", type=Path, default=WORKDIR)
+    b.add_argument("--out", type=Path, default=REPORT)
     args = p.parse_args(argv)
-    if args.budget_min is not None and args.budget_min <= 0:
-        p.error(f"--budget-min must be positive, got {args.budget_min}")
-    report = run(args.workdir, args.budget_min, names=args.only, timeout_multiplier=args.timeout_multiplier)
+    if args.command == "report":
+        if not (args.workdir / "mutants").is_dir():
+            p.error(f"{args.workdir} holds no mutmut verdicts (no mutants/ folder)")
+        report = build_report(args.workdir)
+    else:
+        if args.budget_min is not None and args.budget_min <= 0:
+            p.error(f"--budget-min must be positive, got {args.budget_min}")
+        report = run(args.workdir, args.budget_min, names=args.only,
+                     timeout_multiplier=args.timeout_multiplier)
     atomic_write_bytes(args.out, json.dumps(report, indent=1, ensure_ascii=False).encode())
+    took = "" if report["minutes"] is None else f" ({report['minutes']} min)"
     print(f"{report['checked']} of {report['generated']} mutants checked: {report['counts']}; "
           f"equivalent {report['equivalent']}, unexplained survivors {report['unexplained']}, "
-          f"score {report['score']:.1%} ({report['minutes']} min) -> {args.out}")
+          f"score {report['score']:.1%}{took} -> {args.out}")
     for mt in report["mutants"]:
         if mt["status"] not in (*DETECTED, "not checked") and "equivalent" not in mt:
             print(f"  {mt['status']}: {mt['name']}\n    - {mt['old']}\n    + {mt['new']}")
