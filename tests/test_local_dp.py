@@ -11,7 +11,7 @@ from scipy import stats
 
 from fedlib.algorithms import ALGORITHMS
 from fedlib.algorithms.base import RoundContext
-from fedlib.config import Config
+from fedlib.config import Config, ConfigError
 from fedlib.models import build_model
 from fedlib.privacy import local
 from fedlib.privacy.discrete import rng_for
@@ -508,19 +508,31 @@ def test_algorithm_statistics_say_what_they_name():
     assert stats["kept_frac"] == 1.0 and torch.equal(up["scale"], torch.full((4,), cfg.ldp_clip))
 
 
-@pytest.mark.parametrize("kw, ok", [
-    ({"signds_epsilon_per_round": 0.0}, False), ({"signds_epsilon_per_round": 1e-3}, True),
-    ({"signds_k": 0.0}, False), ({"signds_k": 0.25}, True), ({"signds_k": 0.26}, False),
-    ({"signds_k": 1.0}, False), ({"signds_h": 0}, False), ({"signds_h": 1}, True),
-    ({"signds_threshold": 0.49}, False), ({"signds_threshold": 0.5}, True), ({"signds_threshold": 1.0}, True),
-    ({"signds_threshold": 1.5}, False), ({"signds_lr": 0.0}, False), ({"signds_lr": 1e-3}, True)])
-def test_signds_settings_are_checked_at_their_bounds(kw, ok):
-    cfg = Config(algorithm="signds_fl", **kw)
-    if ok:
-        cfg.validate()
+_SIGNDS = {"algorithm": "signds_fl"}
+_LDP_FL = {"algorithm": "ldp_fl"}
+
+
+@pytest.mark.parametrize(("changes", "valid"), [
+    # each bound of the local-DP algorithms' parameters, just inside and at or just outside
+    ({**_SIGNDS, "signds_epsilon_per_round": 0.0}, False),
+    ({**_SIGNDS, "signds_epsilon_per_round": 1e-3}, True),
+    ({**_SIGNDS, "signds_k": 0.0}, False), ({**_SIGNDS, "signds_k": 0.25}, True),
+    ({**_SIGNDS, "signds_k": 0.26}, False), ({**_SIGNDS, "signds_k": 1.0}, False),
+    ({**_SIGNDS, "signds_h": 0}, False), ({**_SIGNDS, "signds_h": 1}, True),
+    ({**_SIGNDS, "signds_threshold": 0.49}, False), ({**_SIGNDS, "signds_threshold": 0.5}, True),
+    ({**_SIGNDS, "signds_threshold": 1.0}, True), ({**_SIGNDS, "signds_threshold": 1.01}, False),
+    ({**_SIGNDS, "signds_threshold": 1.5}, False),
+    ({**_SIGNDS, "signds_lr": 0.0}, False), ({**_SIGNDS, "signds_lr": 1e-3}, True),
+    ({**_LDP_FL, "ldp_fl_epsilon_per_coordinate": 0.0}, False), ({**_LDP_FL, "ldp_clip": 0.0}, False),
+])
+def test_local_dp_parameters_are_checked_at_their_bounds(changes, valid):
+    """A zero budget, radius or step, or a selection outside the mechanism's analysis, is refused
+    before any work; the bound values the papers use are accepted."""
+    if valid:
+        Config(**changes).validate()
     else:
-        with pytest.raises(Exception, match="signds"):
-            cfg.validate()
+        with pytest.raises(ConfigError):
+            Config(**changes).validate()
 
 
 def test_signds_top_set_has_at_least_one_coordinate():
@@ -534,8 +546,6 @@ def test_local_dp_config_errors():
         Config(algorithm="fdl", fdl_mode="typo").validate()
     with pytest.raises(Exception, match="ldp_fl_epsilon_per_coordinate"):
         Config(algorithm="ldp_fl", ldp_fl_epsilon_per_coordinate=0).validate()
-    with pytest.raises(Exception, match="ldp_clip > 0"):
-        Config(algorithm="ldp_fl", ldp_clip=0.0).validate()
 
 
 def test_corrected_fdl_without_noise_or_sparsity_is_fedavg(tmp_path):
