@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 
 from fedlib.config import Config
+from fedlib.kernels import kernel_settings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,7 +117,8 @@ def provenance(device: torch.device, engine: str) -> dict[str, Any]:
         dev += f" ({torch.cuda.get_device_name(device)})"
     return {"device": dev, "engine": engine, "torch": torch.__version__, "numpy": numpy.__version__,
             "python": platform.python_version(), "platform": platform.platform(),
-            "cpu_threads": torch.get_num_threads(), "git_commit": code_commit()}
+            "cpu_threads": torch.get_num_threads(), "git_commit": code_commit(),
+            **({"kernels": kernel_settings()} if device.type == "cuda" else {})}
 
 
 @dataclass

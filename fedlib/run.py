@@ -26,6 +26,7 @@ from fedlib.algorithms import ALGORITHMS, Algorithm, RoundContext
 from fedlib.algorithms.base import RELEASE_PREFIX
 from fedlib.config import Config
 from fedlib.engine import PATHS, Executor, Work, check_path, default_path, make_plan, make_poisson_plan
+from fedlib.kernels import make_deterministic
 from fedlib.models import build_model
 from fedlib.partition import partition
 from fedlib.privacy.guarantee import Accountant, classify_meta, is_released
@@ -72,18 +73,6 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     if dev.type == "cuda":
         make_deterministic()
     return dev
-
-
-def make_deterministic() -> None:
-    """Ask CUDA for run-to-run reproducible kernels, so that one config and seed give the same
-    result on one device: deterministic cuDNN convolutions (no autotuning) and a fixed cuBLAS
-    workspace. Operations without a deterministic CUDA kernel warn instead of failing.
-    (Results still differ *between* devices: other GPUs, TF32 convolutions, CPU vs GPU round
-    differently.)"""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cudnn.deterministic = True
-    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 @torch.no_grad()

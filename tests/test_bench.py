@@ -1,13 +1,17 @@
-"""``python -m fedlib.bench --json`` prints the keys issue 7 asks for (values not judged:
+"""``python -m fedlib.tools.bench --json`` prints the keys issue 7 asks for (values not judged:
 speed is measured by the benchmark, never asserted in a test)."""
 
 import json
 
+import pytest
 import torch
 
 from fedlib.config import Config
+from fedlib.kernels import kernel_settings, set_kernel_options
+from fedlib.results import provenance
 from fedlib.run import Experiment
 from fedlib.tools import bench
+from fedlib.tools.campaign import bench_seconds_per_sample
 
 KEYS = {"device", "model", "clients", "samples", "floor_s", "sequential_s", "vectorized_s", "eval_s",
         "default_s", "overhead_sequential", "speedup_vectorized", "default_vs_floor", "rounds_per_s",
@@ -50,3 +54,52 @@ def test_scale_figures_and_saved_provenance(tmp_path):
     assert saved["results"] == out
     for k in ("device", "git_commit", "torch", "python"):
         assert k in saved["provenance"]
+
+
+@pytest.fixture
+def restore_kernels():
+    """The kernel flags are process-global: put back what was there."""
+    before = kernel_settings()
+    yield
+    set_kernel_options(matmul_tf32=before["matmul_tf32"], cudnn_tf32=before["cudnn_tf32"],
+                       cudnn_autotune=before["cudnn_benchmark"])
+
+
+def test_kernel_options_change_the_settings_a_result_records(restore_kernels):
+    before = kernel_settings()
+    assert set(before) == {"cudnn_deterministic", "cudnn_benchmark", "cudnn_tf32", "matmul_tf32"}
+    now = set_kernel_options(matmul_tf32=not before["matmul_tf32"], cudnn_autotune=True)
+    assert now == kernel_settings()
+    assert now["matmul_tf32"] is (not before["matmul_tf32"]) and now["cudnn_benchmark"] is True
+    assert now["cudnn_tf32"] == before["cudnn_tf32"]  # None leaves a setting as it is
+    assert torch.backends.cuda.matmul.allow_tf32 is now["matmul_tf32"]
+    assert set_kernel_options(cudnn_tf32=False)["cudnn_tf32"] is False
+
+
+def test_kernel_options_are_refused_on_a_cpu_before_any_work(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FEDLIB_BENCH_DIR", str(tmp_path))
+    monkeypatch.setattr(bench, "benchmark", lambda *a, **k: pytest.fail("the benchmark ran"))
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--device", "cpu", "--matmul-tf32", "--no-cudnn-autotune", "--save"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--matmul-tf32, --cudnn-autotune: CUDA kernel options" in err and "cpu" in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_cpu_results_record_no_kernel_settings():
+    assert "kernels" not in provenance(torch.device("cpu"), "sequential")
+
+
+def test_a_benchmark_with_options_is_kept_apart_from_the_estimates(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLIB_BENCH_DIR", str(tmp_path))
+    cpu = torch.device("cpu")
+    assert bench.variant_name({}) == ""
+    variant = bench.variant_name({"matmul_tf32": True, "cudnn_autotune": False})
+    assert variant == "cudnn-autotune-off-matmul-tf32-on"
+    default = bench.save({"default_s": 2.0, "samples": 100}, cpu)
+    other = bench.save({"default_s": 1.0, "samples": 100}, cpu, variant=variant)
+    assert other.parent == tmp_path / "options" and other.name.endswith(f"-{variant}.json")
+    assert default.parent == tmp_path
+    per_sample, name = bench_seconds_per_sample("cpu")
+    assert (per_sample, name) == (2.0 / 100, default.name)

@@ -196,6 +196,17 @@ def test_every_result_field_is_classified_released_or_diagnostic(name, tmp_path)
     assert "client_sizes" in p["diagnostic_meta"] and "train_loss" in p["diagnostic_metrics"]
 
 
+def test_cuda_provenance_is_classified_public():
+    """A CUDA result's metadata also holds ``kernels`` (the kernel settings the code chose, see
+    fedlib/kernels.py): public like the rest of the provenance, or a private CUDA run could not save."""
+    from fedlib.kernels import kernel_settings
+    from fedlib.privacy.guarantee import classify_meta
+    from fedlib.results import provenance
+
+    meta = {**provenance(torch.device("cpu"), "vectorized"), "kernels": kernel_settings()}
+    assert classify_meta(meta) == {"public_meta": sorted(meta), "diagnostic_meta": []}
+
+
 def test_moon_dpap_local_noise_is_keyed_on_round_and_client_and_secure():
     """MOON-DPAP's local release is the secure (discrete) mechanism keyed on (local-noise stream,
     round, client): the same key repeats exactly, another round or client draws other noise (noise

@@ -144,8 +144,8 @@ def test_attacks_on_cuda():
 
 
 def test_bench_and_cli_on_cuda(tmp_path):
-    env_cmd = [sys.executable, "-m", "fedlib.bench", "--samples", "400", "--clients", "4", "--rounds", "1",
-               "--batch-runs", "1", "2", "--no-scale", "--json", "--device", "cuda"]
+    env_cmd = [sys.executable, "-m", "fedlib.tools.bench", "--samples", "400", "--clients", "4",
+               "--rounds", "1", "--batch-runs", "1", "2", "--no-scale", "--json", "--device", "cuda"]
     out = subprocess.run(env_cmd, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
@@ -156,3 +156,25 @@ def test_bench_and_cli_on_cuda(tmp_path):
                          env={**__import__("os").environ, "FEDLIB_RESULTS_DIR": str(tmp_path)})
     assert cli.returncode == 0, cli.stderr[-2000:]
     assert json.loads(cli.stdout.strip().splitlines()[-1])["device"].startswith("cuda")
+
+
+def test_cuda_results_record_their_kernel_settings(tmp_path):
+    r = run(SMALL, device="cuda", root=tmp_path, progress=False)
+    # pick_device's defaults: deterministic cuDNN, no autotuning, TF32 matmuls as PyTorch leaves them
+    assert r.meta["kernels"]["cudnn_deterministic"] is True and r.meta["kernels"]["cudnn_benchmark"] is False
+    assert r.meta["kernels"] == json.loads(r.path.read_text())["meta"]["kernels"]
+
+
+def test_bench_speed_options_on_cuda(tmp_path):
+    cmd = [sys.executable, "-m", "fedlib.tools.bench", "--samples", "400", "--clients", "4", "--rounds", "1",
+           "--batch-runs", "1", "--no-scale", "--json", "--device", "cuda", "--matmul-tf32",
+           "--cudnn-autotune", "--save"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                         env={**__import__("os").environ, "FEDLIB_BENCH_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["kernels"]["matmul_tf32"] is True and res["kernels"]["cudnn_benchmark"] is True
+    assert res["kernels"]["cudnn_deterministic"] is True  # autotuning among deterministic algorithms
+    (saved,) = (tmp_path / "options").glob("cuda-*-cudnn-autotune-on-matmul-tf32-on.json")
+    assert json.loads(saved.read_text())["provenance"]["kernels"] == res["kernels"]
+    assert not list(tmp_path.glob("*.json"))  # not where the campaign's estimates read

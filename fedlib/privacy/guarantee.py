@@ -70,6 +70,7 @@ PUBLIC_META = frozenset({
     "device", "engine", "torch", "numpy", "python", "platform", "cpu_threads", "git_commit", "seed",
     "config_key", "resumed_from_round", "duration_s", "train_samples", "test_samples", "data_sha256",
     "reproducible", "privacy", "run_batch", "content_sha256", "migrated_from", "flower",
+    "kernels",
 })
 #: Result metadata computed from the clients' data outside any mechanism: diagnostics the guarantee
 #: does not cover (a deployment would not publish them). ``client_sizes``: how many samples each client

@@ -30,6 +30,8 @@ Measures, in one process and on one setting (dataset, model, clients, samples, b
   rounds: ``paper_fedavg_run_s`` (200 rounds, full FashionMNIST, 20 clients, batch 32, one
   evaluation per round), ``paper_fedavg_run_s_batched3`` (per run, three seeds batched) and
   ``paper_moon_dpap_dp_run_s`` (every component and client-level DP);
+* on a GPU, ``kernels``: the CUDA kernel settings it ran with (:mod:`fedlib.kernels`; the
+  speed options ``--matmul-tf32``, ``--cudnn-tf32``, ``--cudnn-autotune`` change them);
 * :func:`clients_sweep`: round time against the number of clients at a fixed total of data,
   per engine path (the book's benchmark page plots it).
 
@@ -55,6 +57,7 @@ import torch.nn.functional as F
 
 from fedlib.config import Config
 from fedlib.engine import Executor, cpu_workers, default_path
+from fedlib.kernels import set_kernel_options
 from fedlib.models import build_model
 from fedlib.results import REPO_ROOT, atomic_write_bytes, provenance
 from fedlib.run import Experiment, RunBatch, evaluate, pick_device
@@ -300,10 +303,20 @@ def bench_dir() -> Path:
     return Path(os.environ.get("FEDLIB_BENCH_DIR", REPO_ROOT / "data" / "bench"))
 
 
-def save(res: dict, device: torch.device, folder: Path | None = None) -> Path:
-    """Write ``res`` with provenance to ``data/bench/<device>-<date>.json`` (atomically)."""
+def variant_name(options: dict[str, bool]) -> str:
+    """A file-name part for the speed options set on the command line (sorted; "" for none)."""
+    return "-".join(f"{k.replace('_', '-')}-{'on' if v else 'off'}" for k, v in sorted(options.items()))
+
+
+def save(res: dict, device: torch.device, folder: Path | None = None, variant: str = "") -> Path:
+    """Write ``res`` with provenance to ``data/bench/<device>-<date>.json`` (atomically). A run
+    with speed options (``variant``, from :func:`variant_name`) goes to
+    ``data/bench/options/<device>-<date>-<variant>.json`` instead: the campaign's time estimates
+    read the default settings' files only."""
     folder = Path(folder or bench_dir())
     stamp = time.strftime("%Y-%m-%d")
+    if variant:
+        folder, stamp = folder / "options", f"{stamp}-{variant}"
     path = folder / f"{device_slug(device)}-{stamp}.json"
     payload = {"results": res, "provenance": provenance(device, res.get("default_path", "")),
                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -340,15 +353,29 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: on a GPU only)")
     p.add_argument("--sweep", nargs="*", type=int, default=[],
                    help="also time a FedAvg round for these numbers of clients (same total data), every path")
+    p.add_argument("--matmul-tf32", action=argparse.BooleanOptionalAction, default=None,
+                   help="TF32 in float32 matmuls (a CUDA speed option; default: PyTorch's, off)")
+    p.add_argument("--cudnn-tf32", action=argparse.BooleanOptionalAction, default=None,
+                   help="TF32 in cuDNN convolutions (default: PyTorch's, on)")
+    p.add_argument("--cudnn-autotune", action=argparse.BooleanOptionalAction, default=None,
+                   help="cuDNN autotuning among deterministic algorithms (default: off)")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     p.add_argument("--save", action="store_true", help="write the result with provenance under data/bench/")
     args = p.parse_args(argv)
     config = Config(dataset=args.dataset, model=args.model, clients=args.clients,
                     train_samples=args.samples, batch_size=args.batch_size, alpha=args.alpha,
                     test_samples=2_000, rounds=args.rounds + 1).validate()
+    options = {k: v for k, v in (("matmul_tf32", args.matmul_tf32), ("cudnn_tf32", args.cudnn_tf32),
+                                 ("cudnn_autotune", args.cudnn_autotune)) if v is not None}
     device = pick_device(args.device)
+    if options and device.type != "cuda":
+        p.error(f"{', '.join('--' + k.replace('_', '-') for k in options)}: CUDA kernel options, "
+                f"but this benchmark runs on {device}")
+    kernels = set_kernel_options(**options)
     paths = tuple(args.paths) if args.paths else None
     res = benchmark(config, device, args.rounds, paths, tuple(args.batch_runs), args.scale)
+    if device.type == "cuda":
+        res["kernels"] = kernels
     if args.sweep:
         sweep_paths = paths or (("sequential", "parallel", "vectorized") if device.type == "cpu"
                                 else ("sequential", "vectorized"))
@@ -357,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in res.items():
         print(f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
     if args.save:
-        print(f"saved {save(res, device)}")
+        print(f"saved {save(res, device, variant=variant_name(options))}")
     if args.json:
         print(json.dumps(res))
     return 0

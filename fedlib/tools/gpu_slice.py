@@ -17,7 +17,9 @@ connected machine) and runs ``python -m fedlib.tools.gpu_slice MINUTES OUTDIR``,
    project's GPU machine returns per command).
 
 On the connected machine, ``python -m fedlib.tools.campaign unpack OUTDIR/results-*.tgz`` checks
-and adds the results, and ``OUTDIR/<device>-<date>.json`` goes to ``data/bench/``. A slice
+and adds the results, and ``OUTDIR/<device>-<date>.json`` goes to ``data/bench/`` (a benchmark
+with speed options, ``--bench-args '--matmul-tf32'``, is named ``<device>-<date>-<options>.json``
+and goes to ``data/bench/options/``). A slice
 interrupted at any point loses nothing already written; rerun it to go on. The exit status is 0
 only if every step that ran succeeded (the results are packed whatever the tests said).
 """
@@ -97,10 +99,10 @@ def slice_(minutes: float, out: Path, profile: str = "paper", pages: list[str] |
 
     # 3. benchmark
     if bench:
-        before_bench = set(bench_dir().glob("*.json"))
+        before_bench = set(bench_dir().rglob("*.json"))
         cmd = [py, "-m", "fedlib.tools.bench", "--json", "--save", *shlex.split(bench_args)]
         summary["steps"]["bench"] = _step(cmd, logs / "bench.log", deadline - time.time())
-        for f in sorted(set(bench_dir().glob("*.json")) - before_bench):
+        for f in sorted(set(bench_dir().rglob("*.json")) - before_bench):
             (out / f.name).write_bytes(f.read_bytes())
             summary["steps"]["bench"]["file"] = f.name
 

@@ -1,0 +1,54 @@
+"""CUDA kernel settings: the choices that change a GPU run's numbers or its speed.
+
+:func:`make_deterministic` is what every CUDA run starts from (:func:`fedlib.run.pick_device`);
+:func:`kernel_settings` is what each CUDA result records in its provenance (``meta.kernels``);
+:func:`set_kernel_options` turns the speed options on for a benchmark (issue 24 measures them on
+a GPU before any becomes a default). On a CPU none of them has an effect.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def make_deterministic() -> None:
+    """Ask CUDA for run-to-run reproducible kernels, so that one config and seed give the same
+    result on one device: deterministic cuDNN convolutions (no autotuning) and a fixed cuBLAS
+    workspace. Operations without a deterministic CUDA kernel warn instead of failing.
+    (Results still differ *between* devices: other GPUs, TF32 convolutions, CPU vs GPU round
+    differently.)"""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def kernel_settings() -> dict[str, bool]:
+    """The PyTorch CUDA kernel settings in force now that change a GPU run's numbers or speed:
+    deterministic cuDNN algorithms, cuDNN autotuning (``cudnn_benchmark``; with
+    ``cudnn_deterministic`` it chooses among deterministic algorithms only), TF32 in cuDNN
+    convolutions (PyTorch's default: on) and in float32 matmuls (default: off). Every CUDA result
+    records them in its provenance (``kernels``): two settings round differently."""
+    return {"cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+            "cudnn_tf32": bool(torch.backends.cudnn.allow_tf32),
+            "matmul_tf32": bool(torch.backends.cuda.matmul.allow_tf32)}
+
+
+def set_kernel_options(*, matmul_tf32: bool | None = None, cudnn_autotune: bool | None = None,
+                       cudnn_tf32: bool | None = None) -> dict[str, bool]:
+    """Turn the speed options of :func:`kernel_settings` on or off (None: leave as is) and return
+    the settings now in force. Autotuning keeps cuDNN's deterministic flag: it picks the fastest
+    *deterministic* algorithm for each shape, timed at first use, so which one it picks (and the
+    last bits of the numbers) may differ between processes; TF32 rounds matmul inputs to 10-bit
+    mantissas. Neither is the default: issue 24 keeps what measures faster on a GPU
+    (``python -m fedlib.tools.bench --matmul-tf32 --cudnn-autotune``) and stays correct."""
+    if matmul_tf32 is not None:
+        torch.backends.cuda.matmul.allow_tf32 = bool(matmul_tf32)
+    if cudnn_tf32 is not None:
+        torch.backends.cudnn.allow_tf32 = bool(cudnn_tf32)
+    if cudnn_autotune is not None:
+        torch.backends.cudnn.benchmark = bool(cudnn_autotune)
+    return kernel_settings()
