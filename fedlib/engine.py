@@ -498,15 +498,36 @@ def _worker_loop(conn, algo: Algorithm, x: torch.Tensor, y: torch.Tensor, parent
             conn.send(("error", repr(e)))
 
 
-class ProcessPool:
-    """Forked workers that inherit the algorithm and the (CPU) dataset copy-on-write."""
+def worker_start_method() -> str:
+    """How the parallel path starts its CPU workers: ``"fork"`` on a machine without a GPU (the
+    workers inherit the algorithm and the dataset copy-on-write), ``"spawn"`` where one is visible.
 
-    def __init__(self, algo: Algorithm, x: torch.Tensor, y: torch.Tensor, workers: int):
-        ctx = mp.get_context("fork")
+    On a machine with a GPU, the parent's first backward pass (on any device, CPU included) starts
+    autograd's per-device threads, and PyTorch then refuses any backward pass in a forked child
+    ("Unable to handle autograd's threading in combination with fork-based multiprocessing",
+    https://github.com/pytorch/pytorch/wiki/Autograd-and-Fork): on the H100 every CPU-path test that
+    ran after another training failed so. A spawned worker starts a fresh interpreter and receives
+    the algorithm and the data pickled (in shared memory, by torch.multiprocessing's reductions);
+    it draws the same numbers, since every random draw is keyed by the round's context
+    (``tests/test_engine.py`` checks both start methods against each other)."""
+    return "spawn" if torch.cuda.is_available() else "fork"
+
+
+class ProcessPool:
+    """Worker processes that hold the algorithm and the (CPU) dataset: forked (inherited
+    copy-on-write) or spawned (sent once), see :func:`worker_start_method`."""
+
+    def __init__(self, algo: Algorithm, x: torch.Tensor, y: torch.Tensor, workers: int,
+                 start_method: str | None = None):
+        self.start_method = start_method or worker_start_method()
+        ctx = mp.get_context(self.start_method)
+        forked = self.start_method == "fork"
         self.conns, self.procs = [], []
         for _ in range(workers):
             parent, child = ctx.Pipe()
-            inherited = [*self.conns, parent]  # the parent's ends this worker must not keep open
+            # the parent's ends a forked worker inherits and must not keep open (a spawned one
+            # inherits none: passing them would hand it copies)
+            inherited = [*self.conns, parent] if forked else []
             p = ctx.Process(target=_worker_loop, args=(child, algo, x, y, os.getpid(), inherited),
                             daemon=True)
             p.start()

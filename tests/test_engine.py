@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from fedlib import Config, run
+from fedlib import engine as engine_mod
 from fedlib.engine import Executor, balance, lane_count, make_plan, pack_lanes
 from fedlib.run import Experiment, batch_key, evaluate, load_model, run_many
 
@@ -105,6 +106,30 @@ def test_local_randomisers_draw_the_same_noise_on_every_path(tmp_path, case):
         r = run(cfg, engine=path, root=tmp_path / path, progress=False, device="cpu")
         assert _max_diff(p_ref, _params(r, tmp_path / path)) < ATOL64, path
         assert [h.get("sent_frac") for h in r.history] == [h.get("sent_frac") for h in ref.history]
+
+
+@pytest.mark.parametrize("case", ["moon_dpap_central", "ldp_fl"])
+def test_spawned_workers_release_what_forked_ones_do(tmp_path, monkeypatch, case):
+    """Where a GPU is visible the parallel path spawns its workers instead of forking them (a fork
+    after any backward pass breaks autograd there: :func:`fedlib.engine.worker_start_method`).
+    Spawned workers receive the algorithm and the data pickled and must release the same bits,
+    noise included (central and local DP)."""
+    changes = {"moon_dpap_central": {"algorithm": "moon_dpap", "dp": "central", "dp_epsilon_per_round": 50.0,
+                                     "dp_clip": 1.0, "client_fraction": 1.0},
+               "ldp_fl": {"algorithm": "ldp_fl", "model": "mlp", "client_fraction": 0.75}}[case]
+    cfg = SMALL.replace(rounds=2, train_samples=320, test_samples=100, min_client_samples=10, **changes)
+    forked = run(cfg, engine="parallel", root=tmp_path / "fork", progress=False, device="cpu")
+    monkeypatch.setattr(engine_mod, "worker_start_method", lambda: "spawn")
+    spawned = run(cfg, engine="parallel", root=tmp_path / "spawn", progress=False, device="cpu")
+    a, b = _params(forked, tmp_path / "fork"), _params(spawned, tmp_path / "spawn")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_workers_are_spawned_where_a_gpu_is_visible(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert engine_mod.worker_start_method() == "spawn"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert engine_mod.worker_start_method() == "fork"
 
 
 @pytest.mark.parametrize("engine", ["vectorized", "parallel"])

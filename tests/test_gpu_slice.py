@@ -71,3 +71,15 @@ def test_unpack_data_restores_the_idx_files(tmp_path, bundle):
     assert len(restored) == 8
     for f in restored:
         assert f.read_bytes() == (data_dir() / f.relative_to(tmp_path / "raw")).read_bytes()
+
+
+def test_what_the_node_leaves_out_exists():
+    """A renamed test or module would silently leave the node's list (pytest ignores an unknown
+    ``--deselect``): every entry must name a test module, or a test function in one, that exists."""
+    from fedlib.tools.gpu_slice import NODE_IGNORES
+
+    assert NODE_IGNORES
+    for arg in NODE_IGNORES:
+        path, _, test = arg.split("=", 1)[1].partition("::")
+        assert (REPO_ROOT / path).is_file(), arg
+        assert not test or f"def {test}(" in (REPO_ROOT / path).read_text(), arg

@@ -221,3 +221,21 @@ def test_a_real_mutmut_run_reports_its_survivor_and_resumes(toy_repository, tmp_
     assert json.loads(out.read_text())["unexplained"] == 1
     with pytest.raises(SystemExit):
         pm.main(["report", "--workdir", str(tmp_path / "nothing")])
+
+
+def test_a_run_without_mutmut_or_without_mutants_is_an_error_not_an_empty_report(toy_repository, tmp_path,
+                                                                                monkeypatch):
+    """``python -m mutmut`` without mutmut exits with 1, mutmut's code for "survivors": on the GPU
+    node that lacks it the run reported 0 mutants as complete. Both cases must raise instead."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "mutmut" else real(name, *a))
+    with pytest.raises(RuntimeError, match="mutmut is not installed"):
+        pm.run(tmp_path / "work", source=toy_repository)
+    assert not (tmp_path / "work").exists()  # refused before any work
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    monkeypatch.setattr(pm, "_mutmut_run", lambda *a, **k: True)  # mutmut ran and made nothing
+    with pytest.raises(RuntimeError, match="no mutants"):
+        pm.run(tmp_path / "work", source=toy_repository)

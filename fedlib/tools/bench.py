@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from fedlib.config import Config
-from fedlib.engine import Executor, cpu_workers, default_path
+from fedlib.engine import Executor, cpu_workers, default_path, worker_start_method
 from fedlib.kernels import set_kernel_options
 from fedlib.models import build_model
 from fedlib.results import REPO_ROOT, atomic_write_bytes, provenance
@@ -143,7 +143,7 @@ def time_plain_parallel(config: Config, workers: int, repeats: int = 3) -> float
     """
     exp = Experiment(config, torch.device("cpu"))
     x, y = exp.data.x_train, exp.data.y_train
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context(worker_start_method())
     times = []
     for _ in range(repeats):
         start, done = ctx.Barrier(workers + 1), ctx.Queue()

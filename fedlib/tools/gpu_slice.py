@@ -41,10 +41,15 @@ from fedlib.results import REPO_ROOT, atomic_write_bytes, results_dir
 MAX_FILES, MAX_BYTES = 8, 16 * 2**20
 
 #: Test modules an offline GPU node cannot collect (papermill, a browser, Flower) or should not run (the
-#: slice itself).
+#: slice itself), and three device-independent tests that need what the node lacks: Flower (every
+#: module imports on its own), a package registry (a corrupted dataset is fetched again) and mutmut
+#: (a real mutation run). ``make test`` runs them all.
 NODE_IGNORES = [f"--ignore=tests/{m}.py" for m in (
     "test_notebooks", "test_browser_check", "test_flower", "test_flower_deploy", "test_flower_dp",
-    "test_gpu_slice")]
+    "test_gpu_slice")] + [f"--deselect=tests/{t}" for t in (
+        "test_config.py::test_no_import_cycle_every_module_imports_on_its_own",
+        "test_integrity.py::test_a_dataset_file_corrupted_at_the_same_size_is_detected_and_repaired",
+        "test_privacy_mutants.py::test_a_real_mutmut_run_reports_its_survivor_and_resumes")]
 
 
 def result_files(root: Path) -> set[Path]:

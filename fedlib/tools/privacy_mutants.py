@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -418,6 +419,11 @@ def run(workdir: Path | None = None, budget_min: float | None = None, source: Pa
     ``timeout_multiplier`` replaces the configured one in the copy: mutmut also limits each
     mutant's wall time to that multiple of its tests' measured time, which a busy machine can
     exceed (a false "timeout"); it is recorded in the report."""
+    if importlib.util.find_spec("mutmut") is None:
+        # ``python -m mutmut`` would then exit with 1, which mutmut also uses for "survivors": the
+        # run would report zero mutants as complete (seen on the GPU node, which lacks mutmut)
+        raise RuntimeError(f"mutmut is not installed in {sys.executable}: make test-privacy-mutants "
+                           "installs it (pinned in requirements.txt)")
     start = time.time()
     commit = git_commit()  # of the code as it is copied, not as it is when the run ends
     tmp = Path(workdir or tempfile.mkdtemp(prefix="fedlib-mutants-"))
@@ -437,6 +443,9 @@ def run(workdir: Path | None = None, budget_min: float | None = None, source: Pa
     report = build_report(tmp, finished, minutes=round((time.time() - start) / 60, 1))
     if workdir is None:
         shutil.rmtree(tmp, ignore_errors=True)
+    if not report["generated"]:
+        raise RuntimeError(f"mutmut made no mutants of {source}: check [tool.mutmut] in pyproject.toml"
+                           + ("" if workdir is None else f" and {tmp / 'mutmut.log'}"))
     return report
 
 
