@@ -33,6 +33,20 @@ def test_plan_counts_what_is_missing(pages, tmp_path):
     assert len(campaign.missing(pages, tmp_path)) == 3  # distinct configs across pages
 
 
+def test_total_minutes_counts_each_distinct_configuration_once(pages, tmp_path, monkeypatch):
+    monkeypatch.setattr(campaign, "bench_seconds_per_sample", lambda kind: (1e-3, "stub"))
+    whole, n = campaign.total_minutes("smoke", "cpu", root=tmp_path)
+    assert n == 3  # TINY is needed by both pages: once
+    assert whole == pytest.approx(sum(campaign.estimate_s(c, 1e-3) for c in
+                                      [TINY, TINY.replace(seed=1), TINY.replace(algorithm="scaffold")]) / 60)
+    assert campaign.total_minutes("smoke", "cpu", root=tmp_path, only_missing=True) == (whole, 3)
+    from fedlib.run import run
+
+    run(TINY, root=tmp_path, progress=False, device="cpu")
+    left, n_left = campaign.total_minutes("smoke", "cpu", root=tmp_path, only_missing=True)
+    assert n_left == 2 and left == pytest.approx(whole - campaign.estimate_s(TINY, 1e-3) / 60)
+
+
 def test_run_trains_the_missing_and_then_nothing(pages, tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_RESULTS_DIR", str(tmp_path))
     out = campaign.run("smoke", budget_min=30, root=tmp_path, progress=False)
@@ -162,8 +176,10 @@ def test_the_short_command_plans_and_reports_the_distinct_missing(tmp_path):
     env = {**os.environ, "FEDLIB_RESULTS_DIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-m", "fedlib.campaign", "plan", "--profile", "smoke"],
                          capture_output=True, text=True, env=env, check=True).stdout
-    total = int(out.strip().splitlines()[-1].rsplit(":", 1)[1])
+    line = next(x for x in out.splitlines() if x.startswith("missing configurations (distinct"))
+    total = int(line.rsplit(":", 1)[1])
     assert total == len(campaign.missing(campaign.needed("smoke"), tmp_path)) > 0
+    assert f"estimate for what is missing ({total} configurations" in out
 
 
 def _archive(path, members: dict[str, bytes]):

@@ -240,6 +240,18 @@ def plan(profile: str, root: Path | None = None, kind: str | None = None,
     return rows
 
 
+def total_minutes(profile: str, kind: str, root: Path | None = None, n_seeds: int | None = None,
+                  only_missing: bool = False) -> tuple[float, int]:
+    """Estimated minutes to train every distinct configuration the book needs at ``profile`` (or only
+    the missing ones) on ``kind``'s latest committed benchmark, run by run (run batches are faster on
+    a GPU, so this is an upper estimate there), and how many configurations that is."""
+    per_sample, _ = bench_seconds_per_sample(kind)
+    per_page = needed(profile, None, n_seeds)
+    configs = missing(per_page, root) if only_missing else list(
+        {c.key(): c for cs in per_page.values() for c in cs}.values())
+    return sum(estimate_s(c, per_sample) for c in configs) / 60, len(configs)
+
+
 # ---- training in slices -----------------------------------------------------------------------------
 def groups(configs: list[Config], per_sample: float | None) -> list[list[Config]]:
     """Configurations of one shape together (a run batch), longest group first."""
@@ -514,6 +526,10 @@ def _print_plan(args) -> None:
         print(f"invalid (counted as missing; training sets it aside): {path.name}: {reason}")
     distinct = missing(per_page)
     print(f"missing configurations (distinct, all pages): {len(distinct)}")
+    if not args.pages:
+        for only, what in ((False, "the whole campaign"), (True, "what is missing")):
+            minutes, n = total_minutes(args.profile, kind, n_seeds=args.seeds, only_missing=only)
+            print(f"estimate for {what} ({n} configurations, run by run, {kind}): {minutes:,.0f} min")
 
 
 def main(argv: list[str] | None = None) -> int:
