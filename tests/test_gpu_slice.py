@@ -64,6 +64,23 @@ def test_the_slice_refuses_a_non_empty_outdir_and_unknown_pages(tmp_path):
     assert not (tmp_path / "new").exists()
 
 
+def test_test_workers_are_checked_before_any_work_and_passed_to_xdist(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    from fedlib.tools import gpu_slice
+
+    with pytest.raises(SystemExit):
+        gpu_slice.main(["1", str(tmp_path / "a"), "--test-workers", "-1"])
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "xdist" else real(name, *a))
+    with pytest.raises(SystemExit):
+        gpu_slice.main(["1", str(tmp_path / "a"), "--test-workers", "4"])
+    assert "pytest-xdist" in capsys.readouterr().err and not (tmp_path / "a").exists()
+    assert gpu_slice.test_workers_auto() == 0  # no xdist: one process
+    assert gpu_slice.xdist_args(0) == [] and gpu_slice.xdist_args(8) == ["-n", "8", "--dist", "loadfile"]
+
+
 def test_unpack_data_restores_the_idx_files(tmp_path, bundle):
     restored = unpack_data(bundle, tmp_path / "raw")
     from fedlib.data import data_dir
