@@ -127,6 +127,11 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _default_signals() -> None:
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP])
 def test_parallel_workers_end_with_their_run_whatever_signal_ends_it(sig, tmp_path):
@@ -136,8 +141,10 @@ def test_parallel_workers_end_with_their_run_whatever_signal_ends_it(sig, tmp_pa
             "run(Config(clients=4, train_samples=2000, test_samples=100, rounds=500, min_client_samples=10), "
             "engine='parallel', device='cpu', progress=True)")
     env = {**os.environ, "FEDLIB_RESULTS_DIR": str(tmp_path)}
+    # the run gets the default action for every signal sent here, whatever this test inherited (under
+    # ``nohup make test`` SIGHUP is ignored, and the run would outlive it)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=env)
+                            env=env, preexec_fn=_default_signals)
     deadline = time.time() + 120
     while len(_children(proc.pid)) < 2 and time.time() < deadline:
         time.sleep(0.2)
