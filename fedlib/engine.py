@@ -517,9 +517,8 @@ class ProcessPool:
     """Worker processes that hold the algorithm and the (CPU) dataset: forked (inherited
     copy-on-write) or spawned (sent once), see :func:`worker_start_method`."""
 
-    def __init__(self, algo: Algorithm, x: torch.Tensor, y: torch.Tensor, workers: int,
-                 start_method: str | None = None):
-        self.start_method = start_method or worker_start_method()
+    def __init__(self, algo: Algorithm, x: torch.Tensor, y: torch.Tensor, workers: int):
+        self.start_method = worker_start_method()
         ctx = mp.get_context(self.start_method)
         forked = self.start_method == "fork"
         self.conns, self.procs = [], []

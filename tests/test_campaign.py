@@ -35,15 +35,15 @@ def test_plan_counts_what_is_missing(pages, tmp_path):
 
 def test_total_minutes_counts_each_distinct_configuration_once(pages, tmp_path, monkeypatch):
     monkeypatch.setattr(campaign, "bench_seconds_per_sample", lambda kind: (1e-3, "stub"))
-    whole, n = campaign.total_minutes("smoke", "cpu", root=tmp_path)
+    whole, n = campaign.total_minutes(pages, "cpu", root=tmp_path)
     assert n == 3  # TINY is needed by both pages: once
     assert whole == pytest.approx(sum(campaign.estimate_s(c, 1e-3) for c in
                                       [TINY, TINY.replace(seed=1), TINY.replace(algorithm="scaffold")]) / 60)
-    assert campaign.total_minutes("smoke", "cpu", root=tmp_path, only_missing=True) == (whole, 3)
+    assert campaign.total_minutes(pages, "cpu", root=tmp_path, only_missing=True) == (whole, 3)
     from fedlib.run import run
 
     run(TINY, root=tmp_path, progress=False, device="cpu")
-    left, n_left = campaign.total_minutes("smoke", "cpu", root=tmp_path, only_missing=True)
+    left, n_left = campaign.total_minutes(pages, "cpu", root=tmp_path, only_missing=True)
     assert n_left == 2 and left == pytest.approx(whole - campaign.estimate_s(TINY, 1e-3) / 60)
 
 

@@ -240,13 +240,12 @@ def plan(profile: str, root: Path | None = None, kind: str | None = None,
     return rows
 
 
-def total_minutes(profile: str, kind: str, root: Path | None = None, n_seeds: int | None = None,
+def total_minutes(per_page: dict[str, list[Config]], kind: str, root: Path | None = None,
                   only_missing: bool = False) -> tuple[float, int]:
-    """Estimated minutes to train every distinct configuration the book needs at ``profile`` (or only
-    the missing ones) on ``kind``'s latest committed benchmark, run by run (run batches are faster on
-    a GPU, so this is an upper estimate there), and how many configurations that is."""
+    """Estimated minutes to train every distinct configuration of ``per_page`` (:func:`needed`; or
+    only the missing ones) on ``kind``'s latest committed benchmark, run by run (run batches are
+    faster on a GPU, so this is an upper estimate there), and how many configurations that is."""
     per_sample, _ = bench_seconds_per_sample(kind)
-    per_page = needed(profile, None, n_seeds)
     configs = missing(per_page, root) if only_missing else list(
         {c.key(): c for cs in per_page.values() for c in cs}.values())
     return sum(estimate_s(c, per_sample) for c in configs) / 60, len(configs)
@@ -528,7 +527,7 @@ def _print_plan(args) -> None:
     print(f"missing configurations (distinct, all pages): {len(distinct)}")
     if not args.pages:
         for only, what in ((False, "the whole campaign"), (True, "what is missing")):
-            minutes, n = total_minutes(args.profile, kind, n_seeds=args.seeds, only_missing=only)
+            minutes, n = total_minutes(per_page, kind, only_missing=only)
             print(f"estimate for {what} ({n} configurations, run by run, {kind}): {minutes:,.0f} min")
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -62,8 +63,6 @@ def test_workers_auto() -> int:
     """Test processes for the slice: 8 where pytest-xdist is installed and there are 16 cores or more
     (the H100 node has both; each test process runs torch on two threads, tests/conftest.py), else 0
     (one process). On the H100 one process ran 519 of the 540 tests that can run there in 400 s."""
-    import os
-
     return 8 if importlib.util.find_spec("xdist") and (os.cpu_count() or 1) >= 16 else 0
 
 
