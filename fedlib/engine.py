@@ -42,6 +42,7 @@ import torch
 from torch.func import vmap
 
 from fedlib.algorithms.base import RELEASE_PREFIX, Algorithm, RoundContext
+from fedlib.graphs import CaptureBackend, CapturedStep, capture_backend
 from fedlib.privacy.noise import StepNoise, generator_for
 from fedlib.privacy.record import Release, client_summary, note, recording
 from fedlib.streams import Stream
@@ -170,6 +171,21 @@ def _batch(x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, weight: torch.Te
     if noise is not None:
         b["noise"] = noise
     return b
+
+
+def _selection(lp: LanePlan, j: int, active: torch.Tensor) -> dict:
+    """What the lanes' step ``j`` reads besides their state (for :class:`fedlib.graphs.CapturedStep`):
+    the minibatch selection of :func:`_batch` and which lanes are still active (``active``: (L, S))."""
+    sel = {"idx": lp.idx[:, j], "weight": lp.weight[:, j], "active": active[:, j]}
+    if lp.drop is not None:
+        sel["drop"] = lp.drop[:, j]
+    if lp.has_noise:
+        sel["noise"] = lp.step_noise(j)
+    return sel
+
+
+def _selected_batch(x: torch.Tensor, y: torch.Tensor, sel: dict) -> dict:
+    return _batch(x, y, sel["idx"], sel["weight"], sel.get("drop"), sel.get("noise"))
 
 
 def _client_batch(x, y, plan: RoundPlan, i: int, s: int) -> dict:
@@ -363,12 +379,14 @@ class _RunContexts:
 
 
 def run_vectorized(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, works: list[Work],
-                   lanes: str | int = "auto") -> list[Outputs]:
+                   lanes: str | int = "auto", capture: CaptureBackend | None = None) -> list[Outputs]:
     """Every client of every work at once: ``vmap`` over lanes, padded steps masked.
 
     At a step where a lane moves on to its next client, that lane's finished client is
     closed (``client_final``) and the next one opened (``client_init``) with its own client
     state and run context; lanes that do not switch keep their state (``where``).
+    ``capture`` (a :mod:`fedlib.graphs` backend, e.g. CUDA graphs): record the step once for the
+    round and replay it (:class:`fedlib.graphs.CapturedStep`); the same operations, fewer launches.
     """
     device = x.device
     lp = pack_lanes([w.plan for w in works], lanes)
@@ -394,12 +412,20 @@ def run_vectorized(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, works: lis
     lane_cstate = index(cstates, current)
     lane_cx = runs.gather(run_of_row[current]) if runs.batched else runs.args
     s = init(ids, lane_cstate, lane_cx)
+    captured = None
+    if capture is not None:
+        active_steps = torch.from_numpy(row >= 0).to(device)  # (L, S), once: no copy per step
+        captured = CapturedStep(lambda sel: _selected_batch(x, y, sel),
+                                lambda st, b, c, cx: step(ids, st, b, c, cx),
+                                s, _selection(lp, 0, active_steps), lane_cstate, lane_cx, capture)
     done_rows: list[torch.Tensor] = []
     done_out: list[Outputs] = []
     for j in range(S):
         if j > 0:
             switch = (row[:, j] != row[:, j - 1]) & (row[:, j] >= 0)
             if switch.any():  # close the clients these lanes finished, open the next ones
+                if captured is not None:
+                    s = captured.state
                 lanes_sw = torch.from_numpy(np.flatnonzero(switch)).to(device)
                 out = final(ids, s, lane_cstate, lane_cx)
                 done_rows.append(torch.tensor(row[switch, j - 1], device=device))
@@ -410,11 +436,20 @@ def run_vectorized(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, works: lis
                 if runs.batched:
                     lane_cx = where(mask, runs.gather(run_of_row[current]), lane_cx)
                 s = where(mask, init(ids, lane_cstate, lane_cx), s)
+                if captured is not None:
+                    captured.set_state(s)
+                    captured.load(cstate=lane_cstate, context=lane_cx)
+        if captured is not None:
+            captured.load(selection=_selection(lp, j, active_steps))
+            captured.replay()
+            continue
         batch = _batch(x, y, lp.idx[:, j], lp.weight[:, j], None if lp.drop is None else lp.drop[:, j],
                        lp.step_noise(j) if lp.has_noise else None)
         new = step(ids, s, batch, lane_cstate, lane_cx)
         active = row[:, j] >= 0
         s = new if active.all() else where(torch.from_numpy(active).to(device), new, s)
+    if captured is not None:
+        s = captured.state
     out = final(ids, s, lane_cstate, lane_cx)  # every lane's last client
     done_rows.append(current)
     done_out.append(out)
@@ -586,6 +621,8 @@ class Executor:
         check_path(path, x.device)
         lane_count([1], lanes)  # validates ``lanes``
         self.path, self.algo, self.x, self.y, self.lanes = path, algo, x, y, lanes
+        #: How the vectorized path records its step (None: eager), see :mod:`fedlib.graphs`.
+        self.capture = capture_backend(x.device) if path == "vectorized" else None
         self.workers = workers or cpu_workers()
         self.pool = ProcessPool(algo, x, y, self.workers) if path == "parallel" else None
 
@@ -598,7 +635,7 @@ class Executor:
         if not works:
             return []
         if self.path == "vectorized":
-            return run_vectorized(self.algo, self.x, self.y, works, self.lanes)
+            return run_vectorized(self.algo, self.x, self.y, works, self.lanes, self.capture)
         if self.pool is not None:
             return [self.pool.run(w.plan, w.cstates, w.ctx,
                                   None if w.algo is None or w.algo is self.algo else w.algo.config)

@@ -3,7 +3,9 @@
 :func:`make_deterministic` is what every CUDA run starts from (:func:`fedlib.run.pick_device`);
 :func:`kernel_settings` is what each CUDA result records in its provenance (``meta.kernels``);
 :func:`set_kernel_options` turns the speed options on for a benchmark (issue 24 measures them on
-a GPU before any becomes a default). On a CPU none of them has an effect.
+a GPU before any becomes a default). Besides the libraries' flags, one option of fedlib's own:
+``cuda_graphs``, the vectorized path's step captured once per round and replayed as a CUDA graph
+(:mod:`fedlib.graphs`). On a CPU none of them has an effect.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from __future__ import annotations
 import os
 
 import torch
+
+#: fedlib's own speed options (process-wide, like PyTorch's flags): see :func:`set_kernel_options`.
+_OPTIONS = {"cuda_graphs": False}
 
 
 def make_deterministic() -> None:
@@ -26,25 +31,31 @@ def make_deterministic() -> None:
 
 
 def kernel_settings() -> dict[str, bool]:
-    """The PyTorch CUDA kernel settings in force now that change a GPU run's numbers or speed:
+    """The CUDA kernel settings in force now that change a GPU run's numbers or speed:
     deterministic cuDNN algorithms, cuDNN autotuning (``cudnn_benchmark``; with
     ``cudnn_deterministic`` it chooses among deterministic algorithms only), TF32 in cuDNN
-    convolutions (PyTorch's default: on) and in float32 matmuls (default: off). Every CUDA result
-    records them in its provenance (``kernels``): two settings round differently."""
+    convolutions (PyTorch's default: on) and in float32 matmuls (default: off), and whether the
+    vectorized path replays its step as a CUDA graph (``cuda_graphs``, default: off). Every CUDA
+    result records them in its provenance (``kernels``): two settings may round differently."""
     return {"cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
             "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
             "cudnn_tf32": bool(torch.backends.cudnn.allow_tf32),
-            "matmul_tf32": bool(torch.backends.cuda.matmul.allow_tf32)}
+            "matmul_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "cuda_graphs": bool(_OPTIONS["cuda_graphs"])}
 
 
 def set_kernel_options(*, matmul_tf32: bool | None = None, cudnn_autotune: bool | None = None,
-                       cudnn_tf32: bool | None = None) -> dict[str, bool]:
+                       cudnn_tf32: bool | None = None, cuda_graphs: bool | None = None) -> dict[str, bool]:
     """Turn the speed options of :func:`kernel_settings` on or off (None: leave as is) and return
     the settings now in force. Autotuning keeps cuDNN's deterministic flag: it picks the fastest
     *deterministic* algorithm for each shape, timed at first use, so which one it picks (and the
     last bits of the numbers) may differ between processes; TF32 rounds matmul inputs to 10-bit
-    mantissas. Neither is the default: issue 24 keeps what measures faster on a GPU
-    (``python -m fedlib.tools.bench --matmul-tf32 --cudnn-autotune``) and stays correct."""
+    mantissas; CUDA graphs replay the recorded kernels of a step with one launch. None is the
+    default: issue 24 keeps what measures faster on a GPU
+    (``python -m fedlib.tools.bench --matmul-tf32 --cudnn-autotune --cuda-graphs``) and stays
+    correct."""
+    if cuda_graphs is not None:
+        _OPTIONS["cuda_graphs"] = bool(cuda_graphs)
     if matmul_tf32 is not None:
         torch.backends.cuda.matmul.allow_tf32 = bool(matmul_tf32)
     if cudnn_tf32 is not None:
@@ -52,3 +63,8 @@ def set_kernel_options(*, matmul_tf32: bool | None = None, cudnn_autotune: bool 
     if cudnn_autotune is not None:
         torch.backends.cudnn.benchmark = bool(cudnn_autotune)
     return kernel_settings()
+
+
+def cuda_graphs_enabled() -> bool:
+    """Whether the ``cuda_graphs`` option is on (see :func:`set_kernel_options`)."""
+    return _OPTIONS["cuda_graphs"]

@@ -62,18 +62,20 @@ def restore_kernels():
     before = kernel_settings()
     yield
     set_kernel_options(matmul_tf32=before["matmul_tf32"], cudnn_tf32=before["cudnn_tf32"],
-                       cudnn_autotune=before["cudnn_benchmark"])
+                       cudnn_autotune=before["cudnn_benchmark"], cuda_graphs=before["cuda_graphs"])
 
 
 def test_kernel_options_change_the_settings_a_result_records(restore_kernels):
     before = kernel_settings()
-    assert set(before) == {"cudnn_deterministic", "cudnn_benchmark", "cudnn_tf32", "matmul_tf32"}
+    assert set(before) == {"cudnn_deterministic", "cudnn_benchmark", "cudnn_tf32", "matmul_tf32",
+                           "cuda_graphs"}
     now = set_kernel_options(matmul_tf32=not before["matmul_tf32"], cudnn_autotune=True)
     assert now == kernel_settings()
     assert now["matmul_tf32"] is (not before["matmul_tf32"]) and now["cudnn_benchmark"] is True
     assert now["cudnn_tf32"] == before["cudnn_tf32"]  # None leaves a setting as it is
     assert torch.backends.cuda.matmul.allow_tf32 is now["matmul_tf32"]
     assert set_kernel_options(cudnn_tf32=False)["cudnn_tf32"] is False
+    assert set_kernel_options(cuda_graphs=True)["cuda_graphs"] is True
 
 
 def test_kernel_options_are_refused_on_a_cpu_before_any_work(tmp_path, monkeypatch, capsys):

@@ -178,3 +178,68 @@ def test_bench_speed_options_on_cuda(tmp_path):
     (saved,) = (tmp_path / "options").glob("cuda-*-cudnn-autotune-on-matmul-tf32-on.json")
     assert json.loads(saved.read_text())["provenance"]["kernels"] == res["kernels"]
     assert not list(tmp_path.glob("*.json"))  # not where the campaign's estimates read
+
+
+@pytest.fixture
+def cuda_graphs():
+    """The vectorized path replays its step as a CUDA graph (fedlib.graphs) during the test."""
+    from fedlib.kernels import set_kernel_options
+
+    before = set_kernel_options()["cuda_graphs"]
+    set_kernel_options(cuda_graphs=True)
+    yield
+    set_kernel_options(cuda_graphs=before)
+
+
+@pytest.mark.parametrize("case", ["fedavg", "scaffold", "moon", "moon_dpap", "moon_dpap_record", "ldp_fl"])
+def test_cuda_graphs_equal_cpu_sequential_in_float64(tmp_path, cuda_graphs, case):
+    """The replayed step computes the eager step's function: in float64 it agrees with the CPU
+    reference to rounding, as the eager vectorized path does (client switches, inactive lanes,
+    client states, dropout, central, record-level and local DP)."""
+    if case == "moon_dpap_record":
+        cfg = SMALL.replace(algorithm="moon_dpap", dp="record", dp_epsilon_total=50.0, dp_schedule="constant",
+                            dropout=0.2, precision="float64")
+    else:
+        cfg = _config(case, precision="float64")
+    cpu = run(cfg, engine="sequential", device="cpu", root=tmp_path / "cpu", progress=False)
+    gpu = run(cfg, engine="vectorized", device="cuda", root=tmp_path / "gpu", progress=False)
+    assert gpu.meta["kernels"]["cuda_graphs"] is True
+    assert _max_diff(load_model(cpu, tmp_path / "cpu")[1], load_model(gpu, tmp_path / "gpu")[1]) < ATOL64
+
+
+def test_cuda_graphs_float32_reproducible_and_within_the_reference_error(tmp_path, cuda_graphs):
+    """In float32 a replayed run repeats itself bit for bit on one GPU, and is no further from the
+    float64 result than the eager vectorized path may be (the bound of
+    test_cuda_float32_paths_agree_within_the_reference_error)."""
+    from fedlib.kernels import set_kernel_options
+
+    cfg = SMALL.replace(dropout=0.3, client_fraction=0.75, lr=0.01)
+    a = load_model(run(cfg, engine="vectorized", device="cuda", root=tmp_path / "a", progress=False),
+                   tmp_path / "a")[1]
+    b = load_model(run(cfg, engine="vectorized", device="cuda", root=tmp_path / "b", progress=False),
+                   tmp_path / "b")[1]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    set_kernel_options(cuda_graphs=False)
+    p64 = load_model(run(cfg.replace(precision="float64"), engine="sequential", device="cuda",
+                         root=tmp_path / "64", progress=False), tmp_path / "64")[1]
+    seq = load_model(run(cfg, engine="sequential", device="cuda", root=tmp_path / "s", progress=False),
+                     tmp_path / "s")[1]
+    assert _max_diff(p64, a) <= 4 * _max_diff(p64, seq) + 1e-7
+
+
+def test_cuda_graphs_in_a_run_batch(tmp_path, cuda_graphs):
+    base = _config("scaffold", precision="float64")
+    cfgs = [base, base.replace(seed=1), base.replace(seed=2, lr=0.03)]
+    batch = run_many(cfgs, engine="vectorized", device="cuda", root=tmp_path / "b", progress=False)
+    for c, r in zip(cfgs, batch, strict=True):
+        alone = run(c, engine="sequential", device="cpu", root=tmp_path / "a", progress=False)
+        assert _max_diff(load_model(alone, tmp_path / "a")[1], load_model(r, tmp_path / "b")[1]) < ATOL64
+
+
+def test_bench_with_cuda_graphs(tmp_path):
+    cmd = [sys.executable, "-m", "fedlib.tools.bench", "--samples", "400", "--clients", "4", "--rounds", "1",
+           "--batch-runs", "1", "2", "--no-scale", "--json", "--device", "cuda", "--cuda-graphs"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["kernels"]["cuda_graphs"] is True and res["vectorized_s"] > 0

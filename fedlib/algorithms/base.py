@@ -161,13 +161,15 @@ class Algorithm:
     def forward(self, params: Params, batch: dict[str, torch.Tensor], return_repr: bool = False):
         """The model on ``batch`` with ``params``. Under ``precision="bfloat16"`` the forward
         pass runs under ``torch.autocast`` (matmuls and convolutions in bfloat16, parameters,
-        gradients and the optimizer in float32) and its outputs come back as float32."""
+        gradients and the optimizer in float32) and its outputs come back as float32. Autocast's
+        cache of cast weights is off: each weight is used once a step, and a cache would outlive a
+        CUDA graph's capture (:mod:`fedlib.graphs`), which PyTorch's notes advise against."""
         kwargs = {"return_repr": return_repr}
         if "drop" in batch:
             kwargs["dropout_mask"] = batch["drop"]
         if self.config.precision != "bfloat16":
             return functional_call(self.model, params, (batch["x"],), kwargs)
-        with torch.autocast(batch["x"].device.type, dtype=torch.bfloat16):
+        with torch.autocast(batch["x"].device.type, dtype=torch.bfloat16, cache_enabled=False):
             out = functional_call(self.model, params, (batch["x"],), kwargs)
         return tmap(lambda t: t.float(), out)
 

@@ -31,7 +31,8 @@ Measures, in one process and on one setting (dataset, model, clients, samples, b
   evaluation per round), ``paper_fedavg_run_s_batched3`` (per run, three seeds batched) and
   ``paper_moon_dpap_dp_run_s`` (every component and client-level DP);
 * on a GPU, ``kernels``: the CUDA kernel settings it ran with (:mod:`fedlib.kernels`; the
-  speed options ``--matmul-tf32``, ``--cudnn-tf32``, ``--cudnn-autotune`` change them);
+  speed options ``--matmul-tf32``, ``--cudnn-tf32``, ``--cudnn-autotune``, ``--cuda-graphs`` change
+  them);
 * :func:`clients_sweep`: round time against the number of clients at a fixed total of data,
   per engine path (the book's benchmark page plots it).
 
@@ -359,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="TF32 in cuDNN convolutions (default: PyTorch's, on)")
     p.add_argument("--cudnn-autotune", action=argparse.BooleanOptionalAction, default=None,
                    help="cuDNN autotuning among deterministic algorithms (default: off)")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="replay the vectorized path's step as a CUDA graph (fedlib.graphs; default: off)")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     p.add_argument("--save", action="store_true", help="write the result with provenance under data/bench/")
     args = p.parse_args(argv)
@@ -366,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
                     train_samples=args.samples, batch_size=args.batch_size, alpha=args.alpha,
                     test_samples=2_000, rounds=args.rounds + 1).validate()
     options = {k: v for k, v in (("matmul_tf32", args.matmul_tf32), ("cudnn_tf32", args.cudnn_tf32),
-                                 ("cudnn_autotune", args.cudnn_autotune)) if v is not None}
+                                 ("cudnn_autotune", args.cudnn_autotune), ("cuda_graphs", args.cuda_graphs))
+               if v is not None}
     device = pick_device(args.device)
     if options and device.type != "cuda":
         p.error(f"{', '.join('--' + k.replace('_', '-') for k in options)}: CUDA kernel options, "

@@ -46,6 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedlib.config import Config, ConfigError
+from fedlib.kernels import set_kernel_options
 from fedlib.results import (
     REPO_ROOT,
     Result,
@@ -545,6 +546,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--budget-min", type=float, required=True)
     r.add_argument("--engine", default="auto")
     r.add_argument("--max-batch", type=int, default=8, help="runs trained together at most")
+    r.add_argument("--cuda-graphs", action="store_true",
+                   help="on a GPU, replay the vectorized step as a CUDA graph (fedlib.graphs)")
     pk = sub.add_parser("pack", help="archive the result files git does not track yet")
     pk.add_argument("--out", type=Path, required=True)
     up = sub.add_parser("unpack", help="check and add result archives to data/results")
@@ -562,6 +565,7 @@ def main(argv: list[str] | None = None) -> int:
                 p.error("--budget-min must be > 0")
             if args.max_batch < 1:
                 p.error("--max-batch must be >= 1")
+            set_kernel_options(cuda_graphs=args.cuda_graphs)
             print(json.dumps(run(args.profile, args.budget_min, engine=args.engine, max_batch=args.max_batch,
                                  pages=args.pages, n_seeds=args.seeds)))
             return 0

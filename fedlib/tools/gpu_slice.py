@@ -37,6 +37,7 @@ import tarfile
 import time
 from pathlib import Path
 
+from fedlib.kernels import set_kernel_options
 from fedlib.results import REPO_ROOT, atomic_write_bytes, results_dir
 
 #: What the project's GPU machine returns from one command.
@@ -87,8 +88,11 @@ def _step(cmd: list[str], log: Path, timeout_s: float) -> dict:
 def slice_(minutes: float, out: Path, profile: str = "paper", pages: list[str] | None = None,
            n_seeds: int | None = None, tests: str = "gpu", bench: bool = True, bench_args: str = "",
            max_batch: int = 8, margin_min: float = 1.0, progress: bool = True,
-           data_bundle: Path | None = None, test_workers: int | None = None) -> dict:
-    """The slice (see the module's docstring); returns its summary, also written to ``out/slice.json``."""
+           data_bundle: Path | None = None, test_workers: int | None = None,
+           cuda_graphs: bool = False) -> dict:
+    """The slice (see the module's docstring); returns its summary, also written to ``out/slice.json``.
+    ``cuda_graphs``: the campaign's runs replay their steps as CUDA graphs (:mod:`fedlib.graphs`;
+    each result records it in ``meta.kernels``)."""
     from fedlib.tools import campaign
     from fedlib.tools.bench import bench_dir
     from fedlib.tools.gpu_bundle import DATA_BUNDLE, unpack_data
@@ -102,7 +106,8 @@ def slice_(minutes: float, out: Path, profile: str = "paper", pages: list[str] |
         raise FileExistsError(f"{out} is not empty: a slice writes into an empty folder")
     logs = out / ".logs"
     logs.mkdir()
-    summary: dict = {"minutes": minutes, "profile": profile, "pages": pages, "steps": {}}
+    summary: dict = {"minutes": minutes, "profile": profile, "pages": pages, "cuda_graphs": cuda_graphs,
+                     "steps": {}}
 
     # 1. data
     from fedlib import data as data_mod
@@ -137,6 +142,7 @@ def slice_(minutes: float, out: Path, profile: str = "paper", pages: list[str] |
     budget = (deadline - time.time()) / 60 - margin_min
     if budget > 0:
         t0 = time.time()
+        set_kernel_options(cuda_graphs=cuda_graphs)
         try:
             report = campaign.run(profile, budget, root=root, max_batch=max_batch, progress=progress,
                                   pages=pages, n_seeds=n_seeds)
@@ -184,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-bench", dest="bench", action="store_false")
     p.add_argument("--bench-args", default="", help="extra options of fedlib.tools.bench (quoted)")
     p.add_argument("--max-batch", type=int, default=8)
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="the campaign's runs replay their steps as CUDA graphs (fedlib.graphs)")
     p.add_argument("--margin-min", type=float, default=1.0, help="minutes kept for packing")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--data-bundle", type=Path, default=None, help="gzipped datasets (default: .gpudata/)")
@@ -201,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         s = slice_(args.minutes, args.outdir, args.profile, args.pages, args.seeds, args.tests, args.bench,
                    args.bench_args, args.max_batch, args.margin_min, args.progress, args.data_bundle,
-                   args.test_workers)
+                   args.test_workers, args.cuda_graphs)
     except ConfigError as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

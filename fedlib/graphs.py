@@ -1,0 +1,146 @@
+"""The vectorized path's local step captured once per round and replayed (CUDA graphs).
+
+On a GPU the vmapped step of a small CNN is launch-bound: ``make bench`` on an H100 measured about
+14 ms a step whatever the number of lanes, most of it Python and kernel launches, not arithmetic
+(issue 24). A CUDA graph records the step's kernels once and replays them with one launch
+(PyTorch's "whole-network capture": https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs).
+A graph reads and writes fixed addresses, so :class:`CapturedStep` keeps everything the step reads
+in its own buffers: the lanes' local state, this step's minibatch selection (sample indices,
+padding weights, dropout masks, DP-SGD noise, which lanes are active) and the lanes' client states
+and run contexts; one replay computes
+
+    state <- where(active, client_step(state, batch(x, y, selection), cstate, context), state)
+
+in place, the same operations in the same order as the eager loop of
+:func:`fedlib.engine.run_vectorized`, so a replay computes what the eager step computes (the GPU
+replays the very kernels it recorded). What a graph cannot see, the capture must not depend on:
+everything the step reads changes only through :meth:`CapturedStep.load` and
+:meth:`CapturedStep.set_state`, and the round's Python values (the round number, hyperparameters
+shared by every run) are fixed for one round, which is why the engine captures once per round.
+
+``backend`` does the recording: :class:`CudaGraphs` on a GPU; :class:`EagerReplay` on a CPU, which
+re-runs the recorded function at each replay, so that the buffer handling (what is loaded when,
+the in-place update, the warm-up that must leave no trace) is tested on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from fedlib.kernels import cuda_graphs_enabled
+from fedlib.tree import Tree, leaves, tmap, where
+
+#: Eager steps run before a capture (on a side stream on CUDA): they make libraries allocate
+#: their handles and workspaces outside the graph (PyTorch's documented warm-up).
+WARMUP_STEPS = 2
+
+
+class Replayable(Protocol):
+    def replay(self) -> None: ...
+
+
+class CaptureBackend(Protocol):
+    def warmup(self, fn: Callable[[], None], steps: int) -> None: ...
+
+    def capture(self, fn: Callable[[], None]) -> Replayable: ...
+
+
+class CudaGraphs:
+    """Record ``fn`` as a ``torch.cuda.CUDAGraph`` after warming it up on a side stream."""
+
+    def warmup(self, fn: Callable[[], None], steps: int) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(steps):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+
+    def capture(self, fn: Callable[[], None]) -> Replayable:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph
+
+
+class EagerReplay:
+    """The CPU stand-in of :class:`CudaGraphs`: a replay calls the recorded function again."""
+
+    class _Recorded:
+        def __init__(self, fn: Callable[[], None]):
+            self.fn = fn
+
+        def replay(self) -> None:
+            self.fn()
+
+    def warmup(self, fn: Callable[[], None], steps: int) -> None:
+        for _ in range(steps):
+            fn()
+
+    def capture(self, fn: Callable[[], None]) -> Replayable:
+        return self._Recorded(fn)
+
+
+def capture_backend(device: torch.device) -> CaptureBackend | None:
+    """How the vectorized path on ``device`` captures its step: CUDA graphs on a GPU when the
+    ``cuda_graphs`` option is on (:func:`fedlib.kernels.set_kernel_options`), else None (eager)."""
+    return CudaGraphs() if device.type == "cuda" and cuda_graphs_enabled() else None
+
+
+def copy_into(dst: Tree, src: Tree) -> None:
+    """Copy every leaf of ``src`` into the same leaf of ``dst`` (one fused launch for the lot;
+    a leaf that already is its destination is left alone)."""
+    d, s = leaves(dst), leaves(src)
+    if len(d) != len(s):
+        raise ValueError(f"trees differ: {len(d)} leaves to fill from {len(s)}")
+    pairs = [(a, b) for a, b in zip(d, s, strict=True) if a is not b]
+    if pairs:
+        torch._foreach_copy_([a for a, _ in pairs], [b for _, b in pairs])
+
+
+class CapturedStep:
+    """``step`` (the engine's vmapped local step) and the batch gather around it, in fixed buffers.
+
+    ``gather(selection)`` builds the minibatch from the selection (the engine's ``_batch`` over
+    its training tensors); ``step(state, batch, cstate, context)`` is the vmapped step; the
+    selection has an ``active`` mask over lanes. The constructor warms up on copies of the
+    arguments, puts the state back, and records one step. Then, per step: :meth:`load` the
+    selection (and, when a lane switched clients, the client states and contexts), and
+    :meth:`replay`; :attr:`state` holds the lanes' state after it (read it, do not keep it across
+    a replay: the next one overwrites it).
+    """
+
+    def __init__(self, gather: Callable[[Tree], Tree], step: Callable[[Tree, Tree, Tree, Tree], Tree],
+                 state: Tree, selection: Tree, cstate: Tree, context: Tree,
+                 backend: CaptureBackend, warmup_steps: int = WARMUP_STEPS):
+        if "active" not in selection:
+            raise ValueError("the selection needs an 'active' mask over lanes")
+        self._gather, self._step = gather, step
+        self.state = tmap(torch.clone, state)
+        self.inputs = {"selection": tmap(torch.clone, selection), "cstate": tmap(torch.clone, cstate),
+                       "context": tmap(torch.clone, context)}
+        start = tmap(torch.clone, self.state)
+        backend.warmup(self._one_step, warmup_steps)
+        copy_into(self.state, start)  # the warm-up steps leave no trace
+        self._graph = backend.capture(self._one_step)
+
+    def _one_step(self) -> None:
+        sel = self.inputs["selection"]
+        new = self._step(self.state, self._gather(sel), self.inputs["cstate"], self.inputs["context"])
+        copy_into(self.state, where(sel["active"], new, self.state))
+
+    def load(self, **parts: Tree) -> None:
+        """New values for some of ``selection``, ``cstate``, ``context`` (same shapes), in one copy."""
+        unknown = set(parts) - set(self.inputs)
+        if unknown:
+            raise ValueError(f"unknown inputs {sorted(unknown)}; the step reads {sorted(self.inputs)}")
+        copy_into([self.inputs[k] for k in parts], list(parts.values()))
+
+    def set_state(self, state: Tree) -> None:
+        copy_into(self.state, state)
+
+    def replay(self) -> None:
+        self._graph.replay()

@@ -1,0 +1,127 @@
+"""The captured step of the vectorized path (fedlib.graphs), on a CPU.
+
+CUDA graphs need a GPU (tests/test_cuda.py runs them there); here the CPU stand-in
+:class:`~fedlib.graphs.EagerReplay` re-runs the recorded function at each replay, which exercises
+everything the engine does around a capture: the fixed buffers, what is loaded into them at a
+step and at a client switch, the in-place update, and the warm-up that must leave no trace. The
+replayed step runs the same operations on the same values as the eager loop, so the results must
+be bit-identical (``torch.equal``, no tolerance).
+"""
+
+import pytest
+import torch
+
+import fedlib.engine as engine_mod
+from fedlib import Config
+from fedlib.engine import Executor
+from fedlib.graphs import CapturedStep, EagerReplay, capture_backend, copy_into
+from fedlib.kernels import set_kernel_options
+from fedlib.run import Experiment, load_model, run_many
+
+BASE = Config(clients=4, train_samples=200, test_samples=50, rounds=2, min_client_samples=10, lr=0.02,
+              momentum=0.9, client_fraction=0.75)
+
+#: Cases that reach every input of the captured step: client switches within a lane (unequal
+#: clients, non-IID), inactive lanes, client states (SCAFFOLD's control variates, Ditto's personal
+#: models), dropout masks, record-level DP-SGD noise (a Poisson plan), and a local randomiser after
+#: the steps. One round where the client states do not matter (they are loaded all the same).
+CASES = {
+    "fedavg_dropout": {"dropout": 0.3, "rounds": 1},
+    "scaffold": {"algorithm": "scaffold"},
+    "ditto": {"algorithm": "ditto"},
+    "moon_dpap_central": {"algorithm": "moon_dpap", "cosine_lr": True, "prune": True, "dropout": 0.2,
+                          "dp": "central", "dp_epsilon_per_round": 50.0, "dp_clip": 1.0,
+                          "client_fraction": 1.0, "rounds": 1},
+    "moon_dpap_record": {"algorithm": "moon_dpap", "dp": "record", "dp_epsilon_total": 50.0,
+                         "dp_schedule": "constant", "client_fraction": 1.0, "rounds": 1},
+    "ldp_fl": {"algorithm": "ldp_fl", "model": "mlp", "rounds": 1},
+}
+
+
+def _params(r, root):
+    return load_model(r, root)[1]
+
+
+def _equal(a, b) -> bool:
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _train(cfg: Config, capture, lanes) -> dict:
+    exp = Experiment(cfg, torch.device("cpu"))
+    with Executor("vectorized", exp.algo, exp.data.x_train, exp.data.y_train, lanes=lanes) as ex:
+        ex.capture = capture
+        for t in range(cfg.rounds):
+            exp.round(t, ex)
+    return exp.gparams
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_replayed_step_gives_the_eager_results(case):
+    """Two lanes for three clients: one lane runs two clients (a switch: the client state and
+    the new client's start are loaded into the buffers) and one lane finishes early (inactive)."""
+    cfg = BASE.replace(**CASES[case])
+    assert _equal(_train(cfg, None, 2), _train(cfg, EagerReplay(), 2))
+
+
+def test_replayed_run_batch_gives_the_eager_results(tmp_path, monkeypatch):
+    """A run batch whose runs differ in a client hyperparameter: each lane's run context is a
+    buffer too, reloaded when a lane moves on to a client of another run."""
+    base = BASE.replace(algorithm="scaffold", alpha=0.3, rounds=1)
+    cfgs = [base, base.replace(seed=1, lr=0.05)]
+    eager = run_many(cfgs, engine="vectorized", device="cpu", root=tmp_path / "eager", progress=False)
+    monkeypatch.setattr(engine_mod, "capture_backend", lambda device: EagerReplay())
+    replayed = run_many(cfgs, engine="vectorized", device="cpu", root=tmp_path / "replay", progress=False)
+    for a, b in zip(eager, replayed, strict=True):
+        assert _equal(_params(a, tmp_path / "eager"), _params(b, tmp_path / "replay"))
+
+
+def _toy_step(state, batch, cstate, context):
+    return {"w": state["w"] + batch["x"].sum(1) * context["lr"] + cstate["c"], "n": state["n"] + 1}
+
+
+def _toy(backend=None, warmup_steps=2):
+    state = {"w": torch.zeros(3), "n": torch.zeros(3)}
+    sel = {"x": torch.ones(3, 2), "active": torch.tensor([True, True, False])}
+    return CapturedStep(lambda s: s, _toy_step, state, sel, {"c": torch.zeros(3)}, {"lr": torch.ones(3)},
+                        backend or EagerReplay(), warmup_steps)
+
+
+def test_warmup_leaves_no_trace_and_replays_update_the_state_in_place():
+    cs = _toy(warmup_steps=3)
+    assert torch.equal(cs.state["w"], torch.zeros(3)) and torch.equal(cs.state["n"], torch.zeros(3))
+    w = cs.state["w"]
+    cs.replay()
+    assert cs.state["w"] is w  # the same buffer, updated in place
+    assert cs.state["w"].tolist() == [2.0, 2.0, 0.0]  # the inactive lane keeps its state
+    everyone = torch.ones(3, dtype=torch.bool)
+    cs.load(cstate={"c": torch.tensor([1.0, 0.0, 0.0])},
+            selection={"x": torch.zeros(3, 2), "active": everyone})
+    cs.replay()
+    assert cs.state["w"].tolist() == [3.0, 2.0, 0.0] and cs.state["n"].tolist() == [2.0, 2.0, 1.0]
+    cs.set_state({"w": torch.full((3,), 5.0), "n": torch.zeros(3)})
+    cs.replay()
+    assert cs.state["w"].tolist() == [6.0, 5.0, 5.0]
+
+
+def test_captured_step_refuses_what_it_cannot_hold():
+    with pytest.raises(ValueError, match="active"):
+        CapturedStep(lambda s: s, _toy_step, {"w": torch.zeros(3)}, {"x": torch.ones(3, 2)}, {}, {},
+                     EagerReplay())
+    cs = _toy()
+    with pytest.raises(ValueError, match="unknown inputs"):
+        cs.load(batch={"x": torch.zeros(3, 2)})
+    with pytest.raises(ValueError, match="trees differ"):
+        copy_into({"a": torch.zeros(1)}, {"a": torch.zeros(1), "b": torch.zeros(1)})
+
+
+def test_cuda_graphs_only_where_asked_and_on_a_gpu():
+    before = set_kernel_options()["cuda_graphs"]
+    try:
+        assert capture_backend(torch.device("cpu")) is None
+        set_kernel_options(cuda_graphs=True)
+        assert capture_backend(torch.device("cpu")) is None  # no graphs on a CPU: the eager loop
+        assert type(capture_backend(torch.device("cuda"))).__name__ == "CudaGraphs"
+        set_kernel_options(cuda_graphs=False)
+        assert capture_backend(torch.device("cuda")) is None
+    finally:
+        set_kernel_options(cuda_graphs=before)
