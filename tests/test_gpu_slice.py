@@ -100,3 +100,25 @@ def test_what_the_node_leaves_out_exists():
         path, _, test = arg.split("=", 1)[1].partition("::")
         assert (REPO_ROOT / path).is_file(), arg
         assert not test or f"def {test}(" in (REPO_ROOT / path).read_text(), arg
+
+
+def test_the_campaign_step_trains_with_cuda_graphs_when_asked(tmp_path, monkeypatch):
+    from fedlib import data as data_mod
+    from fedlib.kernels import kernel_settings, set_kernel_options
+    from fedlib.tools import gpu_slice
+
+    seen = []
+    monkeypatch.setattr(data_mod, "fetch", lambda name: None)
+    monkeypatch.setattr(campaign, "run", lambda *a, **k: seen.append(kernel_settings()["cuda_graphs"])
+                        or {"still missing": 0})
+    monkeypatch.setenv("FEDLIB_RESULTS_DIR", str(tmp_path / "results"))
+    (tmp_path / "results").mkdir()
+    try:
+        for flag in ([], ["--cuda-graphs"]):
+            out = tmp_path / f"out{len(flag)}"
+            assert gpu_slice.main(["5", str(out), "--profile", "smoke", "--tests", "none", "--no-bench",
+                                   "--no-progress", "--data-bundle", str(tmp_path / "none"), *flag]) == 0
+            assert json.loads((out / "slice.json").read_text())["cuda_graphs"] is bool(flag)
+    finally:
+        set_kernel_options(cuda_graphs=False)
+    assert seen == [False, True]
