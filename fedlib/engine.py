@@ -417,7 +417,8 @@ def run_vectorized(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, works: lis
         active_steps = torch.from_numpy(row >= 0).to(device)  # (L, S), once: no copy per step
         captured = CapturedStep(lambda sel: _selected_batch(x, y, sel),
                                 lambda st, b, c, cx: step(ids, st, b, c, cx),
-                                s, _selection(lp, 0, active_steps), lane_cstate, lane_cx, capture)
+                                s, _selection(lp, 0, active_steps), lane_cstate, lane_cx, capture,
+                                tag=(type(algo).__name__, algo.config.key()))
     done_rows: list[torch.Tensor] = []
     done_out: list[Outputs] = []
     for j in range(S):

@@ -25,7 +25,7 @@ the in-place update, the warm-up that must leave no trace) is tested on machines
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Protocol
 
 import torch
@@ -33,9 +33,20 @@ import torch
 from fedlib.kernels import cuda_graphs_enabled
 from fedlib.tree import Tree, leaves, tmap, where
 
-#: Eager steps run before a capture (on a side stream on CUDA): they make libraries allocate
-#: their handles and workspaces outside the graph (PyTorch's documented warm-up).
+#: Eager steps run before the first capture of a step (on a side stream on CUDA): they make the
+#: libraries initialise lazily what the step uses (handles, workspaces, kernel modules) outside
+#: the graph, PyTorch's documented warm-up.
 WARMUP_STEPS = 2
+
+#: What this process has warmed up: (the caller's tag, the shapes of everything the step reads).
+#: A later capture of the same step (the next round of the same run) needs no warm-up: the
+#: libraries have initialised what it uses, and a warm-up costs two eager steps a round.
+_WARMED: set[tuple] = set()
+
+
+def signature(*trees: Tree) -> tuple:
+    """Shapes, dtypes and devices of every leaf (what a library initialises lazily depends on)."""
+    return tuple((tuple(x.shape), x.dtype, str(x.device)) for x in leaves(list(trees)))
 
 
 class Replayable(Protocol):
@@ -107,25 +118,31 @@ class CapturedStep:
     ``gather(selection)`` builds the minibatch from the selection (the engine's ``_batch`` over
     its training tensors); ``step(state, batch, cstate, context)`` is the vmapped step; the
     selection has an ``active`` mask over lanes. The constructor warms up on copies of the
-    arguments, puts the state back, and records one step. Then, per step: :meth:`load` the
-    selection (and, when a lane switched clients, the client states and contexts), and
-    :meth:`replay`; :attr:`state` holds the lanes' state after it (read it, do not keep it across
-    a replay: the next one overwrites it).
+    arguments (``warmup_steps``; None: :data:`WARMUP_STEPS` the first time this process captures a
+    step with this ``tag`` and these shapes, else none), puts the state back, and records one step.
+    Then, per step: :meth:`load` the selection (and, when a lane switched clients, the client
+    states and contexts), and :meth:`replay`; :attr:`state` holds the lanes' state after it (read
+    it, do not keep it across a replay: the next one overwrites it).
     """
 
     def __init__(self, gather: Callable[[Tree], Tree], step: Callable[[Tree, Tree, Tree, Tree], Tree],
                  state: Tree, selection: Tree, cstate: Tree, context: Tree,
-                 backend: CaptureBackend, warmup_steps: int = WARMUP_STEPS):
+                 backend: CaptureBackend, warmup_steps: int | None = None, tag: Hashable = None):
         if "active" not in selection:
             raise ValueError("the selection needs an 'active' mask over lanes")
         self._gather, self._step = gather, step
         self.state = tmap(torch.clone, state)
         self.inputs = {"selection": tmap(torch.clone, selection), "cstate": tmap(torch.clone, cstate),
                        "context": tmap(torch.clone, context)}
-        start = tmap(torch.clone, self.state)
-        backend.warmup(self._one_step, warmup_steps)
-        copy_into(self.state, start)  # the warm-up steps leave no trace
+        key = (tag, signature(state, selection, cstate, context))
+        if warmup_steps is None:
+            warmup_steps = 0 if key in _WARMED else WARMUP_STEPS
+        if warmup_steps:
+            start = tmap(torch.clone, self.state)
+            backend.warmup(self._one_step, warmup_steps)
+            copy_into(self.state, start)  # the warm-up steps leave no trace
         self._graph = backend.capture(self._one_step)
+        _WARMED.add(key)
 
     def _one_step(self) -> None:
         sel = self.inputs["selection"]

@@ -14,7 +14,7 @@ import torch
 import fedlib.engine as engine_mod
 from fedlib import Config
 from fedlib.engine import Executor
-from fedlib.graphs import CapturedStep, EagerReplay, capture_backend, copy_into
+from fedlib.graphs import WARMUP_STEPS, CapturedStep, EagerReplay, capture_backend, copy_into
 from fedlib.kernels import set_kernel_options
 from fedlib.run import Experiment, load_model, run_many
 
@@ -101,6 +101,33 @@ def test_warmup_leaves_no_trace_and_replays_update_the_state_in_place():
     cs.set_state({"w": torch.full((3,), 5.0), "n": torch.zeros(3)})
     cs.replay()
     assert cs.state["w"].tolist() == [6.0, 5.0, 5.0]
+
+
+class CountingReplay(EagerReplay):
+    def __init__(self):
+        self.warmed = 0
+
+    def warmup(self, fn, steps):
+        self.warmed += steps
+        super().warmup(fn, steps)
+
+
+def test_a_step_is_warmed_up_once_per_tag_and_shapes():
+    """The first capture of a step in a process warms up; the next rounds of the same run (same tag,
+    same shapes) do not; another run (tag) or other shapes (more lanes) do."""
+    def capture(tag, lanes=3):
+        backend = CountingReplay()
+        state = {"w": torch.zeros(lanes), "n": torch.zeros(lanes)}
+        sel = {"x": torch.ones(lanes, 2), "active": torch.ones(lanes, dtype=torch.bool)}
+        CapturedStep(lambda s: s, _toy_step, state, sel, {"c": torch.zeros(lanes)}, {"lr": torch.ones(lanes)},
+                     backend, tag=tag)
+        return backend.warmed
+
+    tag = ("test", object())  # new in this process
+    assert capture(tag) == WARMUP_STEPS
+    assert capture(tag) == 0
+    assert capture(tag, lanes=4) == WARMUP_STEPS
+    assert capture(("test", object())) == WARMUP_STEPS
 
 
 def test_captured_step_refuses_what_it_cannot_hold():
