@@ -322,3 +322,18 @@ def test_campaign_run_takes_cuda_graphs(monkeypatch, capsys):
     finally:
         set_kernel_options(cuda_graphs=False)
     assert seen == [False, True]
+
+
+def test_record_dp_cost_is_the_devices_own_where_a_benchmark_measured_it(tmp_path, monkeypatch):
+    """The CPU's factor for record-level DP-SGD stands until a benchmark of the device kind measured
+    its own (``record_dp_cost``, timed with --scale); record-level runs' estimates scale with it."""
+    monkeypatch.setenv("FEDLIB_BENCH_DIR", str(tmp_path))
+    assert campaign.record_dp_cost("cuda") == campaign.RECORD_DP_COST  # no benchmark
+    (tmp_path / "cuda-x-2026-01-01.json").write_text(json.dumps({"results": {"default_s": 1.0}}))
+    assert campaign.record_dp_cost("cuda") == campaign.RECORD_DP_COST  # one without the measurement
+    (tmp_path / "cuda-x-2026-01-02.json").write_text(json.dumps({"results": {"record_dp_cost": 2.5}}))
+    assert campaign.record_dp_cost("cuda") == 2.5
+    assert campaign.record_dp_cost("cpu") == campaign.RECORD_DP_COST
+    record = TINY.replace(algorithm="moon_dpap", dp="record", dp_epsilon_total=10.0, dp_schedule="constant")
+    assert campaign.estimate_s(record, 1e-3, 2.5) == pytest.approx(campaign.estimate_s(record, 1e-3, 5.0) / 2)
+    assert campaign.estimate_s(TINY, 1e-3, 2.5) == campaign.estimate_s(TINY, 1e-3, 5.0)  # no record DP

@@ -21,6 +21,9 @@ Measures, in one process and on one setting (dataset, model, clients, samples, b
 * ``floor_bf16_s``, ``default_bf16_s``: the same with ``precision="bfloat16"`` (forward
   pass under autocast; different numbers, so an option, not the default), and
   ``default_bf16_vs_floor = default_bf16_s / floor_s``;
+* with ``--scale``: ``moon_dpap_s`` and ``moon_dpap_record_s``, MOON-DPAP rounds without DP and
+  with record-level DP-SGD (per-sample gradients, Poisson batches, noise at every step), and their
+  ratio ``record_dp_cost``, which the campaign's estimates for record-level runs use;
 * ``moon_dpap_state_mb_1000``: the client state kept across rounds for 1000 clients of
   MOON-DPAP (each client's previous model), stacked as the engine stores it;
 * ``run_batch_runs_per_s``: run-rounds per second when ``R`` runs (seeds) are trained as one
@@ -203,6 +206,12 @@ def time_run_batch(config: Config, device: torch.device, path: str, runs: int, r
     return runs / statistics.median(times)
 
 
+#: Record-level DP-SGD as MOON-DPAP's Fig. 2 runs it (studies/moon_dpap/pages.py ``RECORD_DP``, at
+#: one total epsilon): timed with ``--scale`` against MOON-DPAP without DP, the device's own
+#: ``record_dp_cost`` that the campaign's estimates use (the CPU's factor does not carry to a GPU).
+RECORD_DP = dict(algorithm="moon_dpap", dp="record", dp_delta=1e-5, dp_schedule="constant", dp_clip=1.0,
+                 dp_epsilon_total=10.0)
+
 #: The papers' scale for the extrapolated run times (MOON-DPAP, Sec. 4.1).
 PAPER_SCALE = dict(dataset="fashionmnist", model="cnn", clients=20, alpha=0.5, train_samples=0,
                    test_samples=0, batch_size=32, lr=0.005, momentum=0.0)
@@ -211,7 +220,8 @@ PAPER_ROUNDS = 200
 
 def scale_figures(config: Config, device: torch.device, rounds: int, clients: tuple[int, int] = (100, 1000),
                   paper_scale: dict | None = None) -> dict:
-    """Round time at 100 and 1000 clients (same data), and paper-scale run times extrapolated
+    """Round time at 100 and 1000 clients (same data), MOON-DPAP's round without DP and with
+    record-level DP-SGD (their ratio ``record_dp_cost``), and paper-scale run times extrapolated
     from ``rounds`` timed rounds: ``200 x (round + evaluation)``."""
     path = default_path(device)
     out = {}
@@ -221,6 +231,9 @@ def scale_figures(config: Config, device: torch.device, rounds: int, clients: tu
     small, large = clients
     ratio = out[f"round_s_{large}_clients"] / out[f"round_s_{small}_clients"]
     out[f"round_{large}_vs_{small}_clients"] = ratio
+    out["moon_dpap_s"] = time_rounds(config.replace(algorithm="moon_dpap"), device, path, rounds)[0]
+    out["moon_dpap_record_s"] = time_rounds(config.replace(**RECORD_DP), device, path, rounds)[0]
+    out["record_dp_cost"] = out["moon_dpap_record_s"] / out["moon_dpap_s"]
     paper = Config(**(paper_scale or PAPER_SCALE), rounds=rounds + 1)
     round_s, eval_s = time_rounds(paper, device, path, rounds)
     out["paper_fedavg_run_s"] = PAPER_ROUNDS * (round_s + eval_s)

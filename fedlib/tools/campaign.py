@@ -65,7 +65,8 @@ MODEL_COST = {"cnn": 1.0, "mcmahan_cnn": 3.0, "mlp": 0.15}
 ALGORITHM_COST = {"moon": 2.2, "moon_dpap": 2.2, "ditto": 2.0, "scaffold": 1.1, "feddyn": 1.1}
 #: Record-level DP-SGD (per-sample gradients, Poisson batches) over the same algorithm without it:
 #: the median seconds per round of MOON-DPAP's committed quick runs on the 2-core CPU (32.3 s
-#: against 3.4 s).
+#: against 3.4 s). A benchmark that measured its device's own (``record_dp_cost``, ``--scale``)
+#: overrides it for that device kind (:func:`record_dp_cost`).
 RECORD_DP_COST = 9.5
 PACK_LIMIT = 16 * 2**20
 
@@ -134,12 +135,23 @@ def bench_seconds_per_sample(kind: str) -> tuple[float | None, str]:
     return r["default_s"] / r["samples"], files[-1].name
 
 
-def estimate_s(config: Config, per_sample: float | None) -> float:
-    """Estimated seconds to train ``config`` (rounds x one epoch over its data x cost factors)."""
+def record_dp_cost(kind: str) -> float:
+    """Record-level DP-SGD's cost factor on ``kind``: what the latest committed benchmark of that kind
+    measured (``record_dp_cost``), else :data:`RECORD_DP_COST` (measured on the 2-core CPU)."""
+    from fedlib.tools.bench import bench_dir
+
+    files = sorted(bench_dir().glob(f"{kind}-*.json"))
+    measured = json.loads(files[-1].read_text())["results"].get("record_dp_cost") if files else None
+    return float(measured) if measured else RECORD_DP_COST
+
+
+def estimate_s(config: Config, per_sample: float | None, record_cost: float = RECORD_DP_COST) -> float:
+    """Estimated seconds to train ``config`` (rounds x one epoch over its data x cost factors;
+    ``record_cost``: record-level DP-SGD's factor on the device, :func:`record_dp_cost`)."""
     if per_sample is None:
         return math.nan
     model = MODEL_COST.get(config.model, 1.0)
-    algo = ALGORITHM_COST.get(config.algorithm, 1.0) * (RECORD_DP_COST if config.dp == "record" else 1.0)
+    algo = ALGORITHM_COST.get(config.algorithm, 1.0) * (record_cost if config.dp == "record" else 1.0)
     epoch = config.n_train * config.client_fraction * config.local_epochs
     return config.rounds * epoch * per_sample * model * algo
 
@@ -186,10 +198,10 @@ def order(todo: list[Config], claims: list[tuple[str, list[Config]]],
     return steps
 
 
-def _cost(per_sample: float | None) -> Callable[[Config], float]:
+def _cost(per_sample: float | None, record_cost: float = RECORD_DP_COST) -> Callable[[Config], float]:
     """The estimate in seconds; without a benchmark, the same formula in relative units (the order
     only needs ratios)."""
-    return lambda c: estimate_s(c, per_sample if per_sample is not None else 1.0)
+    return lambda c: estimate_s(c, per_sample if per_sample is not None else 1.0, record_cost)
 
 
 def claim_plan(profile: str, root: Path | None = None, kind: str | None = None,
@@ -199,14 +211,15 @@ def claim_plan(profile: str, root: Path | None = None, kind: str | None = None,
     step's whole cost is given on the first claim it settles; the others it settles say ``with``)."""
     kind = kind or device_kind()
     per_sample, _ = bench_seconds_per_sample(kind)
+    rc = record_dp_cost(kind)
     per_page = needed(profile, pages, n_seeds)
     todo = missing(per_page, root)
     claims = [x for x in claims_for(profile, n_seeds) if x[1] in per_page]
     names = {f"{page}: {claim}": (paper, page, claim, cs) for paper, page, claim, cs in claims}
     rows, listed = [], set()
-    steps = order(todo, [(n, v[3]) for n, v in names.items()], _cost(per_sample))
+    steps = order(todo, [(n, v[3]) for n, v in names.items()], _cost(per_sample, rc))
     for i, (settled, configs) in enumerate(steps):
-        minutes = sum(estimate_s(c, per_sample) for c in configs) / 60
+        minutes = sum(estimate_s(c, per_sample, rc) for c in configs) / 60
         for j, name in enumerate(settled):
             paper, page, claim, cs = names[name]
             miss = [c for c in cs if result_status(c, root) != "present"]
@@ -229,12 +242,13 @@ def plan(profile: str, root: Path | None = None, kind: str | None = None,
     """Per page: configurations needed, present, missing, estimated minutes of the missing ones."""
     kind = kind or device_kind()
     per_sample, source = bench_seconds_per_sample(kind)
+    rc = record_dp_cost(kind)
     per_page = needed(profile, pages, n_seeds)
     rows = []
     for page, cs in per_page.items():
         todo = missing({page: cs}, root)
         rows.append({"page": page, "needed": len(cs), "present": len(cs) - len(todo), "missing": len(todo),
-                     "estimate_min": sum(estimate_s(c, per_sample) for c in todo) / 60})
+                     "estimate_min": sum(estimate_s(c, per_sample, rc) for c in todo) / 60})
     where = source or f"no {kind} benchmark committed: make bench there"
     rows.append({"page": f"(estimates from {where})", "needed": 0, "present": 0,
                  "missing": len(missing(per_page, root)), "estimate_min": math.nan})
@@ -247,19 +261,22 @@ def total_minutes(per_page: dict[str, list[Config]], kind: str, root: Path | Non
     only the missing ones) on ``kind``'s latest committed benchmark, run by run (run batches are
     faster on a GPU, so this is an upper estimate there), and how many configurations that is."""
     per_sample, _ = bench_seconds_per_sample(kind)
+    rc = record_dp_cost(kind)
     configs = missing(per_page, root) if only_missing else list(
         {c.key(): c for cs in per_page.values() for c in cs}.values())
-    return sum(estimate_s(c, per_sample) for c in configs) / 60, len(configs)
+    return sum(estimate_s(c, per_sample, rc) for c in configs) / 60, len(configs)
 
 
 # ---- training in slices -----------------------------------------------------------------------------
-def groups(configs: list[Config], per_sample: float | None) -> list[list[Config]]:
+def groups(configs: list[Config], per_sample: float | None,
+           record_cost: float = RECORD_DP_COST) -> list[list[Config]]:
     """Configurations of one shape together (a run batch), longest group first."""
     by_key: dict[str, list[Config]] = defaultdict(list)
     for c in configs:
         by_key[batch_key(c)].append(c)
     out = [sorted(g, key=lambda c: c.key()) for g in by_key.values()]
-    return sorted(out, key=lambda g: -sum(_cost(per_sample)(c) for c in g))
+    cost = _cost(per_sample, record_cost)
+    return sorted(out, key=lambda g: -sum(cost(c) for c in g))
 
 
 def after_training_hooks() -> dict[str, Callable]:
@@ -277,6 +294,7 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
     deadline = start + 60 * budget_min
     root = Path(root or results_dir())
     per_sample, _ = bench_seconds_per_sample(device_kind())
+    rc = record_dp_cost(device_kind())
     per_page = needed(profile, pages, n_seeds)
     todo = missing(per_page, root)
     claims = [(f"{page}: {claim}", cs) for _, page, claim, cs in claims_for(profile, n_seeds)
@@ -287,12 +305,12 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
         for c in cs:
             pages_of[c.key()].append(page)
     done, skipped, settled = 0, 0, 0
-    for claim_names, configs in order(todo, claims, _cost(per_sample)):
+    for claim_names, configs in order(todo, claims, _cost(per_sample, rc)):
         complete = True
-        for group in groups(configs, per_sample):
+        for group in groups(configs, per_sample, rc):
             for i in range(0, len(group), max_batch):
                 chunk = group[i:i + max_batch]
-                est = sum(estimate_s(c, per_sample) for c in chunk)
+                est = sum(estimate_s(c, per_sample, rc) for c in chunk)
                 if time.time() >= deadline or (math.isfinite(est) and time.time() + est > deadline):
                     skipped += len(chunk)
                     complete = False
