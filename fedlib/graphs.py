@@ -12,9 +12,10 @@ and run contexts; one replay computes
     state <- where(active, client_step(state, batch(x, y, selection), cstate, context), state)
 
 in place, the same operations in the same order as the eager loop of
-:func:`fedlib.engine.run_vectorized`, so a replay computes what the eager step computes (the GPU
-replays the very kernels it recorded). What a graph cannot see, the capture must not depend on:
-everything the step reads changes only through :meth:`CapturedStep.load` and
+:func:`fedlib.engine.run_vectorized` (the GPU replays the kernels it recorded from them), so a replay
+computes the eager step's function: checked bit for bit on a CPU here (tests/test_graphs.py) and
+against the CPU reference on a GPU (tests/test_cuda.py). What a graph cannot see, the capture must
+not depend on: everything the step reads changes only through :meth:`CapturedStep.load` and
 :meth:`CapturedStep.set_state`, and the round's Python values (the round number, hyperparameters
 shared by every run) are fixed for one round, which is why the engine captures once per round.
 
