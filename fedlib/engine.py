@@ -441,7 +441,8 @@ def run_vectorized(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, works: lis
                     captured.set_state(s)
                     captured.load(cstate=lane_cstate, context=lane_cx)
         if captured is not None:
-            captured.load(selection=_selection(lp, j, active_steps))
+            if j > 0:  # step 0's selection is in the buffers since the capture
+                captured.load(selection=_selection(lp, j, active_steps))
             captured.replay()
             continue
         batch = _batch(x, y, lp.idx[:, j], lp.weight[:, j], None if lp.drop is None else lp.drop[:, j],

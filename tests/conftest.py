@@ -17,6 +17,17 @@ def threads_for_tests(environ=os.environ) -> int:
 torch.set_num_threads(threads_for_tests())
 
 
+@pytest.fixture
+def restore_kernels():
+    """The kernel options (fedlib.kernels) are process-global: put back what was there."""
+    from fedlib.kernels import kernel_settings, set_kernel_options
+
+    before = kernel_settings()
+    yield
+    set_kernel_options(matmul_tf32=before["matmul_tf32"], cudnn_tf32=before["cudnn_tf32"],
+                       cudnn_autotune=before["cudnn_benchmark"], cuda_graphs=before["cuda_graphs"])
+
+
 @pytest.fixture(autouse=True)
 def _isolated_results(tmp_path, monkeypatch):
     """Every test writes results to its own folder, never to data/results."""

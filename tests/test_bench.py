@@ -57,15 +57,6 @@ def test_scale_figures_and_saved_provenance(tmp_path):
         assert k in saved["provenance"]
 
 
-@pytest.fixture
-def restore_kernels():
-    """The kernel flags are process-global: put back what was there."""
-    before = kernel_settings()
-    yield
-    set_kernel_options(matmul_tf32=before["matmul_tf32"], cudnn_tf32=before["cudnn_tf32"],
-                       cudnn_autotune=before["cudnn_benchmark"], cuda_graphs=before["cuda_graphs"])
-
-
 def test_kernel_options_change_the_settings_a_result_records(restore_kernels):
     before = kernel_settings()
     assert set(before) == {"cudnn_deterministic", "cudnn_benchmark", "cudnn_tf32", "matmul_tf32",

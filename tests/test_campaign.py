@@ -311,16 +311,13 @@ def test_unpack_accepts_a_result_with_its_audit_and_a_diverged_run(one_result, t
     assert campaign.unpack([archive], root=tmp_path / "r")["already present"]
 
 
-def test_campaign_run_takes_cuda_graphs(monkeypatch, capsys):
-    from fedlib.kernels import kernel_settings, set_kernel_options
+def test_campaign_run_takes_cuda_graphs(monkeypatch, capsys, restore_kernels):
+    from fedlib.kernels import kernel_settings
 
     seen = []
     monkeypatch.setattr(campaign, "run", lambda *a, **k: seen.append(kernel_settings()["cuda_graphs"]) or {})
-    try:
-        assert campaign.main(["run", "--profile", "smoke", "--budget-min", "1"]) == 0
-        assert campaign.main(["run", "--profile", "smoke", "--budget-min", "1", "--cuda-graphs"]) == 0
-    finally:
-        set_kernel_options(cuda_graphs=False)
+    assert campaign.main(["run", "--profile", "smoke", "--budget-min", "1"]) == 0
+    assert campaign.main(["run", "--profile", "smoke", "--budget-min", "1", "--cuda-graphs"]) == 0
     assert seen == [False, True]
 
 

@@ -96,7 +96,11 @@ def test_same_seed_same_result_on_one_gpu(tmp_path):
     assert [h["test_acc"] for h in a.history] == [h["test_acc"] for h in b.history]
 
 
-def test_run_batch_on_cuda_equals_each_run_alone(tmp_path):
+@pytest.mark.parametrize("graphs", [False, True])
+def test_run_batch_on_cuda_equals_each_run_alone(tmp_path, restore_kernels, graphs):
+    from fedlib.kernels import set_kernel_options
+
+    set_kernel_options(cuda_graphs=graphs)
     base = _config("scaffold", precision="float64")
     cfgs = [base, base.replace(seed=1), base.replace(seed=2, lr=0.03)]
     batch = run_many(cfgs, engine="vectorized", device="cuda", root=tmp_path / "b", progress=False)
@@ -181,14 +185,11 @@ def test_bench_speed_options_on_cuda(tmp_path):
 
 
 @pytest.fixture
-def cuda_graphs():
+def cuda_graphs(restore_kernels):
     """The vectorized path replays its step as a CUDA graph (fedlib.graphs) during the test."""
     from fedlib.kernels import set_kernel_options
 
-    before = set_kernel_options()["cuda_graphs"]
     set_kernel_options(cuda_graphs=True)
-    yield
-    set_kernel_options(cuda_graphs=before)
 
 
 @pytest.mark.parametrize("case", ["fedavg", "scaffold", "moon", "moon_dpap", "moon_dpap_record", "ldp_fl"])
@@ -225,15 +226,6 @@ def test_cuda_graphs_float32_reproducible_and_within_the_reference_error(tmp_pat
     seq = load_model(run(cfg, engine="sequential", device="cuda", root=tmp_path / "s", progress=False),
                      tmp_path / "s")[1]
     assert _max_diff(p64, a) <= 4 * _max_diff(p64, seq) + 1e-7
-
-
-def test_cuda_graphs_in_a_run_batch(tmp_path, cuda_graphs):
-    base = _config("scaffold", precision="float64")
-    cfgs = [base, base.replace(seed=1), base.replace(seed=2, lr=0.03)]
-    batch = run_many(cfgs, engine="vectorized", device="cuda", root=tmp_path / "b", progress=False)
-    for c, r in zip(cfgs, batch, strict=True):
-        alone = run(c, engine="sequential", device="cpu", root=tmp_path / "a", progress=False)
-        assert _max_diff(load_model(alone, tmp_path / "a")[1], load_model(r, tmp_path / "b")[1]) < ATOL64
 
 
 def test_bench_with_cuda_graphs(tmp_path):

@@ -102,9 +102,9 @@ def test_what_the_node_leaves_out_exists():
         assert not test or f"def {test}(" in (REPO_ROOT / path).read_text(), arg
 
 
-def test_the_campaign_step_trains_with_cuda_graphs_when_asked(tmp_path, monkeypatch):
+def test_the_campaign_step_trains_with_cuda_graphs_when_asked(tmp_path, monkeypatch, restore_kernels):
     from fedlib import data as data_mod
-    from fedlib.kernels import kernel_settings, set_kernel_options
+    from fedlib.kernels import kernel_settings
     from fedlib.tools import gpu_slice
 
     seen = []
@@ -113,12 +113,9 @@ def test_the_campaign_step_trains_with_cuda_graphs_when_asked(tmp_path, monkeypa
                         or {"still missing": 0})
     monkeypatch.setenv("FEDLIB_RESULTS_DIR", str(tmp_path / "results"))
     (tmp_path / "results").mkdir()
-    try:
-        for flag in ([], ["--cuda-graphs"]):
-            out = tmp_path / f"out{len(flag)}"
-            assert gpu_slice.main(["5", str(out), "--profile", "smoke", "--tests", "none", "--no-bench",
-                                   "--no-progress", "--data-bundle", str(tmp_path / "none"), *flag]) == 0
-            assert json.loads((out / "slice.json").read_text())["cuda_graphs"] is bool(flag)
-    finally:
-        set_kernel_options(cuda_graphs=False)
+    for flag in ([], ["--cuda-graphs"]):
+        out = tmp_path / f"out{len(flag)}"
+        assert gpu_slice.main(["5", str(out), "--profile", "smoke", "--tests", "none", "--no-bench",
+                               "--no-progress", "--data-bundle", str(tmp_path / "none"), *flag]) == 0
+        assert json.loads((out / "slice.json").read_text())["cuda_graphs"] is bool(flag)
     assert seen == [False, True]

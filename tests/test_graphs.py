@@ -141,14 +141,9 @@ def test_captured_step_refuses_what_it_cannot_hold():
         copy_into({"a": torch.zeros(1)}, {"a": torch.zeros(1), "b": torch.zeros(1)})
 
 
-def test_cuda_graphs_only_where_asked_and_on_a_gpu():
-    before = set_kernel_options()["cuda_graphs"]
-    try:
-        assert capture_backend(torch.device("cpu")) is None
-        set_kernel_options(cuda_graphs=True)
-        assert capture_backend(torch.device("cpu")) is None  # no graphs on a CPU: the eager loop
-        assert type(capture_backend(torch.device("cuda"))).__name__ == "CudaGraphs"
-        set_kernel_options(cuda_graphs=False)
-        assert capture_backend(torch.device("cuda")) is None
-    finally:
-        set_kernel_options(cuda_graphs=before)
+def test_cuda_graphs_only_where_asked_and_on_a_gpu(restore_kernels):
+    set_kernel_options(cuda_graphs=False)
+    assert capture_backend(torch.device("cpu")) is None and capture_backend(torch.device("cuda")) is None
+    set_kernel_options(cuda_graphs=True)
+    assert capture_backend(torch.device("cpu")) is None  # no graphs on a CPU: the eager loop
+    assert type(capture_backend(torch.device("cuda"))).__name__ == "CudaGraphs"

@@ -123,25 +123,29 @@ def invalid(per_page: dict[str, list[Config]], root: Path | None = None) -> list
     return out
 
 
-def bench_seconds_per_sample(kind: str) -> tuple[float | None, str]:
-    """Seconds per training sample of one FedAvg round of the CNN on the latest committed benchmark
-    of ``kind`` ("cuda" or "cpu"), and the file it comes from."""
+def latest_bench(kind: str) -> tuple[dict | None, str]:
+    """The results of the latest committed benchmark of ``kind`` ("cuda" or "cpu") and its file
+    name, or (None, "") when there is none."""
     from fedlib.tools.bench import bench_dir
 
     files = sorted(bench_dir().glob(f"{kind}-*.json"))
     if not files:
         return None, ""
-    r = json.loads(files[-1].read_text())["results"]
-    return r["default_s"] / r["samples"], files[-1].name
+    return json.loads(files[-1].read_text())["results"], files[-1].name
+
+
+def bench_seconds_per_sample(kind: str) -> tuple[float | None, str]:
+    """Seconds per training sample of one FedAvg round of the CNN on the latest committed benchmark
+    of ``kind``, and the file it comes from."""
+    r, name = latest_bench(kind)
+    return (None, "") if r is None else (r["default_s"] / r["samples"], name)
 
 
 def record_dp_cost(kind: str) -> float:
     """Record-level DP-SGD's cost factor on ``kind``: what the latest committed benchmark of that kind
     measured (``record_dp_cost``), else :data:`RECORD_DP_COST` (measured on the 2-core CPU)."""
-    from fedlib.tools.bench import bench_dir
-
-    files = sorted(bench_dir().glob(f"{kind}-*.json"))
-    measured = json.loads(files[-1].read_text())["results"].get("record_dp_cost") if files else None
+    r, _ = latest_bench(kind)
+    measured = r.get("record_dp_cost") if r else None
     return float(measured) if measured else RECORD_DP_COST
 
 
