@@ -290,8 +290,32 @@ def result_path(config: Config, root: Path | None = None) -> Path:
     return Path(root or results_dir()) / f"{config.algorithm}-{config.key()}.json"
 
 
+def default_checkpoint_dir() -> Path:
+    """Where checkpoints of the repository's own results live: ``$FEDLIB_CHECKPOINT_DIR``, else
+    ``$XDG_CACHE_HOME/fedlib/checkpoints`` (``~/.cache/fedlib/checkpoints``). Outside the work tree on
+    purpose: a run cut off when a working period ends resumes in the next one on the same machine,
+    from any clone of the repository (a checkpoint is keyed by its config and checked on load)."""
+    env = os.environ.get("FEDLIB_CHECKPOINT_DIR")
+    if env:
+        return Path(env)
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "fedlib" / "checkpoints"
+
+
+def checkpoint_dir(root: Path | None = None) -> Path:
+    """The checkpoint folder of results written under ``root``: the user's cache folder
+    (:func:`default_checkpoint_dir`) for the repository's ``data/results`` or when
+    ``$FEDLIB_CHECKPOINT_DIR`` is set; ``root/checkpoints`` for any other results folder (a test's,
+    a scratch rerun's), so that such runs never resume from each other's checkpoints."""
+    root = Path(root or results_dir())
+    repository = (REPO_ROOT / "data" / "results").resolve()
+    if os.environ.get("FEDLIB_CHECKPOINT_DIR") or root.resolve() == repository:
+        return default_checkpoint_dir()
+    return root / "checkpoints"
+
+
 def checkpoint_path(config: Config, root: Path | None = None) -> Path:
-    return Path(root or results_dir()) / "checkpoints" / f"{config.key()}.pt"
+    return checkpoint_dir(root) / f"{config.key()}.pt"
 
 
 def model_path(config: Config, root: Path | None = None) -> Path:

@@ -36,6 +36,7 @@ from fedlib.results import (
     Result,
     atomic_torch_save,
     check_writable,
+    checkpoint_dir,
     checkpoint_path,
     code_commit,
     diverged,
@@ -298,6 +299,8 @@ class _Trainee:
         #: Report personalised accuracy at the last round (False where the personal models live
         #: elsewhere, e.g. on Flower clients).
         self.personal = True
+        #: The code commit that wrote the checkpoint this run resumed from (None: not resumed).
+        self.resumed_commit: str | None = None
         self.ckpt = checkpoint_path(config, root)
         self.out = result_path(config, root)
         if self.ckpt.exists() and not force:
@@ -313,6 +316,7 @@ class _Trainee:
                 raise ValueError("it belongs to another config")
             self.exp.load_state_dict(saved["state"])
             self.history, self.first_round = list(saved["history"]), int(saved["next_round"])
+            self.resumed_commit = saved.get("commit")
         except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: start again, keep the file
             self.exp = Experiment(self.config, dev)
             self.history, self.first_round = [], 0
@@ -337,13 +341,14 @@ class _Trainee:
 
     def checkpoint(self, next_round: int) -> None:
         atomic_torch_save({"state": self.exp.state_dict(), "history": self.history, "next_round": next_round,
-                           "config_key": self.config.key()}, self.ckpt)
+                           "config_key": self.config.key(), "commit": code_commit()}, self.ckpt)
 
     def save(self, dev: torch.device, path: str, start: float, root: Path, extra: dict) -> Result:
         exp, config = self.exp, self.config
         elapsed_before = sum(h["wall_s"] for h in self.history[:self.first_round])
         meta = {**provenance(dev, path), "seed": config.seed, "config_key": config.key(),
                 "resumed_from_round": self.first_round,
+                **({"resumed_from_commit": self.resumed_commit} if self.first_round else {}),
                 "duration_s": time.time() - start + elapsed_before,
                 "train_samples": int(len(exp.data.y_train)), "test_samples": int(len(exp.data.y_test)),
                 "client_sizes": [len(p) for p in exp.parts], "diverged": diverged(self.history),
@@ -509,7 +514,7 @@ def _train_batch(configs: list[Config], dev: torch.device, path: str, root: Path
     # before the first round: every folder a run writes is writable and holds what it will write
     state_bytes = sum(t.numel() * t.element_size() for r in runs for t in leaves(r.exp.state_dict())
                       if isinstance(t, torch.Tensor))
-    check_writable([root, root / "models", root / "checkpoints"],
+    check_writable([root, root / "models", checkpoint_dir(root)],
                    need_bytes=2 * state_bytes + 2**20 * len(runs))
     first, total = runs[0].first_round, configs[0].rounds
     batch = RunBatch([r.exp for r in runs])

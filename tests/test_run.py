@@ -134,3 +134,35 @@ def test_commit_is_dirty_for_code_changes_not_for_build_outputs(tmp_path, monkey
     assert not results_mod.git_commit().endswith("-dirty")
     (tmp_path / "code.py").write_text("a = 2\n")
     assert results_mod.git_commit().endswith("-dirty")
+
+
+def test_checkpoints_of_the_repository_results_live_outside_the_work_tree(tmp_path, monkeypatch):
+    """The repository's own results checkpoint under the user's cache folder (a run cut off when a
+    working period ends resumes from any clone on the same machine); other results folders keep
+    theirs beside them, and $FEDLIB_CHECKPOINT_DIR overrides both."""
+    from fedlib.results import REPO_ROOT, checkpoint_dir
+
+    monkeypatch.delenv("FEDLIB_CHECKPOINT_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert checkpoint_dir(REPO_ROOT / "data" / "results") == tmp_path / "cache" / "fedlib" / "checkpoints"
+    assert checkpoint_dir(tmp_path / "other") == tmp_path / "other" / "checkpoints"
+    monkeypatch.setenv("FEDLIB_CHECKPOINT_DIR", str(tmp_path / "ck"))
+    assert checkpoint_dir(tmp_path / "other") == tmp_path / "ck"
+    assert checkpoint_path(CFG, REPO_ROOT / "data" / "results").parent == tmp_path / "ck"
+
+
+def test_a_resumed_run_records_the_commit_that_checkpointed_it(tmp_path, monkeypatch):
+    original = Experiment.prepare
+
+    def interrupted(self, t, *args):
+        if t == 2:
+            raise KeyboardInterrupt
+        return original(self, t, *args)
+
+    monkeypatch.setattr(Experiment, "prepare", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(CFG, root=tmp_path, progress=False, checkpoint_every=1)
+    monkeypatch.setattr(Experiment, "prepare", original)
+    resumed = run(CFG, root=tmp_path, progress=False, checkpoint_every=1)
+    assert resumed.meta["resumed_from_round"] == 2
+    assert resumed.meta["resumed_from_commit"] == resumed.meta["git_commit"]
