@@ -13,7 +13,7 @@ help:
 	@echo "make book   - set up, fetch data, execute every notebook, build the HTML book (PROFILE=$(PROFILE):"
 	@echo "              each page at paper where its results are complete, else quick; PROFILE=quick: all quick)"
 	@echo "make test   - set up, fetch data, run the test suite"
-	@echo "make test-full - the tests and the heavy statistical audits"
+	@echo "make test-full - the rest: slow end-to-end checks and heavy statistical audits"
 	@echo "make test-gpu - the tests that exercise CUDA (skipped without a GPU)"
 	@echo "make test-privacy-mutants - mutation testing of the privacy code (mutmut; hours; MUTANTS_MIN=N stops, the next run resumes)"
 	@echo "make bench  - engine benchmark (saved under data/bench/)"
@@ -47,7 +47,7 @@ data: $(DATA_STAMP)
 
 # ---- book -----------------------------------------------------------------------------
 notebooks: $(DATA_STAMP)
-	$(PY) -m fedlib.tools.notebooks --into-book --profile $(PROFILE)
+	$(PY) -m lab.notebooks --into-book --profile $(PROFILE)
 
 # The browser check needs Chromium: installed here when this is a Debian-like machine and we are root;
 # otherwise make book stops and says how (SKIP_BROWSER_CHECK=1 builds without the check, on purpose).
@@ -63,40 +63,45 @@ chromium:
 book: chromium notebooks
 	$(VENV)/bin/jupyter-book build -W -n --keep-going book/
 	@if [ -n "$(SKIP_BROWSER_CHECK)" ]; then echo "browser check skipped (SKIP_BROWSER_CHECK is set)"; \
-	else $(PY) -m fedlib.tools.browser_check book/_build/html --screenshots book/_build/screenshots; fi
+	else $(PY) -m lab.browser_check book/_build/html --screenshots book/_build/screenshots; fi
 	@echo "book: $(CURDIR)/book/_build/html/index.html"
 
 # ---- tests ------------------------------------------------------------------------------
+# make test: one test of every module and mechanism (about 5 minutes of pytest on 2 cores; the time
+# is printed). make test-full: the rest (slow end-to-end checks and heavy statistical audits);
+# .ci/run runs both.
 test: $(DATA_STAMP) $(FLOWER_STAMP)
-	$(VENV)/bin/ruff check fedlib studies tests
-	$(PY) -m pytest -m "not heavy"
+	$(VENV)/bin/ruff check fedlib studies lab tests
+	@start=$$(date +%s); $(PY) -m pytest -m "not heavy and not e2e"; rc=$$?; \
+	echo "make test: pytest took $$(( $$(date +%s) - start )) s of wall time"; exit $$rc
 
 test-full: $(DATA_STAMP) $(FLOWER_STAMP)
-	$(VENV)/bin/ruff check fedlib studies tests
-	$(PY) -m pytest
+	$(VENV)/bin/ruff check fedlib studies lab tests
+	@start=$$(date +%s); $(PY) -m pytest -m "heavy or e2e"; rc=$$?; \
+	echo "make test-full: pytest took $$(( $$(date +%s) - start )) s of wall time"; exit $$rc
 
 # Mutation testing of the privacy code (mutmut; hours on a 2-core CPU, not part of make test): the
 # report, with every mutant's status and the argument for each equivalent survivor, goes to
 # data/audits/privacy-mutants.json; it fails while a survivor is unexplained. MUTANTS_MIN=N stops
 # after N minutes; the next run resumes (mutmut keeps its verdicts in .mutants/).
 test-privacy-mutants: $(DATA_STAMP) $(FLOWER_STAMP)
-	$(PY) -m fedlib.tools.privacy_mutants run $(if $(MUTANTS_MIN),--budget-min $(MUTANTS_MIN))
+	$(PY) -m lab.privacy_mutants run $(if $(MUTANTS_MIN),--budget-min $(MUTANTS_MIN))
 
 test-gpu: $(DATA_STAMP)
 	$(PY) -m pytest -m gpu -v -rs
 
 # One slice of the paper-scale campaign (meant for a GPU): trains what the pages still miss.
 paper: $(DATA_STAMP)
-	$(PY) -m fedlib.tools.campaign plan --profile paper
-	$(PY) -m fedlib.tools.campaign run --profile paper --budget-min $(or $(BUDGET_MIN),25)
+	$(PY) -m lab.campaign plan --profile paper
+	$(PY) -m lab.campaign run --profile paper --budget-min $(or $(BUDGET_MIN),25)
 
 # What an offline GPU node lacks (wheels, gzipped datasets), into .whl/ and .gpudata/ (git-ignored);
 # on the node: bash tools/gpu-slice.sh MINUTES OUTDIR.
 gpu-bundle: $(DATA_STAMP)
-	$(PY) -m fedlib.tools.gpu_bundle
+	$(PY) -m lab.gpu_bundle
 
 bench: $(DATA_STAMP)
-	$(PY) -m fedlib.tools.bench --json --save
+	$(PY) -m lab.bench --json --save
 
 clean:
 	rm -rf book/_build book/chapters/*.ipynb

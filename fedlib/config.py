@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: Bump when a change to the code alters results, so that old cache entries are not reused;
-#: results that the change leaves as they were are carried over by ``python -m fedlib.tools.migrate``
+#: results that the change leaves as they were are carried over by ``python -m lab.migrate``
 #: (one rule per version there). 2: privacy noise is floating-point safe, keyed on the whole
 #: config; MOON-DPAP's central noise follows replace-one (sensitivity 2C). 3: privacy budgets
 #: renamed to one meaning each (dp_epsilon, ldp_epsilon split by unit; results unchanged).
@@ -206,25 +206,33 @@ class Config:
     seed: int = _param(0, "seed for data subset, partition, init, sampling and batches")
     profile: str = _param("custom", "label of the profile that produced this config")
 
-    # ---- derived helpers -------------------------------------------------------------
-    def replace(self, **changes: Any) -> Config:
-        """A copy with some fields changed (unknown names raise :class:`ConfigError`)."""
-        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
-        if unknown:
-            raise ConfigError(f"unknown config field(s): {sorted(unknown)}")
-        return dataclasses.replace(self, **changes)
+    # ---- derived quantities ------------------------------------------------------------
+    @property
+    def n_train(self) -> int:
+        full = DATASET_SIZES.get(self.dataset, (0, 0))[0]
+        return self.train_samples or full
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    @property
+    def n_test(self) -> int:
+        full = DATASET_SIZES.get(self.dataset, (0, 0))[1]
+        return self.test_samples or full
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Config:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ConfigError(f"unknown config field(s): {sorted(unknown)}")
-        return cls(**d)
+    @property
+    def clients_per_round(self) -> int:
+        return max(1, round(self.client_fraction * self.clients))
 
+    # ---- validation: types, then the generic rules, then the algorithm's own check -------
+    def validate(self) -> Config:
+        """Raise :class:`ConfigError` listing every problem; return ``self`` when valid: the field
+        types (:func:`_type_problems`), the generic rules (:func:`_generic_problems`), then the check
+        of the config's algorithm (``Algorithm.check``)."""
+        for problems in (_type_problems, _generic_problems):
+            errs = problems(self)
+            if errs:
+                raise ConfigError("invalid config:\n  " + "\n  ".join(errs))
+        return self
+
+    # ---- identity: the cache key and the noise key ---------------------------------------
     def key(self, version: int = RESULTS_VERSION) -> str:
         """Stable hash of the fields that differ from their defaults plus :data:`RESULTS_VERSION`:
         the cache key. A new field added with a default therefore never invalidates existing
@@ -241,100 +249,97 @@ class Config:
         but not with a results-version bump."""
         return self.key(version=NOISE_KEY_VERSION)
 
-    @property
-    def n_train(self) -> int:
-        full = DATASET_SIZES.get(self.dataset, (0, 0))[0]
-        return self.train_samples or full
+    # ---- serialisation and copies ----------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
-    @property
-    def n_test(self) -> int:
-        full = DATASET_SIZES.get(self.dataset, (0, 0))[1]
-        return self.test_samples or full
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Config:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ConfigError(f"unknown config field(s): {sorted(unknown)}")
+        return cls(**d)
 
-    @property
-    def clients_per_round(self) -> int:
-        return max(1, round(self.client_fraction * self.clients))
+    def replace(self, **changes: Any) -> Config:
+        """A copy with some fields changed (unknown names raise :class:`ConfigError`)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown config field(s): {sorted(unknown)}")
+        return dataclasses.replace(self, **changes)
 
-    # ---- validation ------------------------------------------------------------------
-    def validate(self) -> Config:
-        """Raise :class:`ConfigError` listing every problem; return ``self`` when valid: the
-        generic rules here, then the check of the config's algorithm (``Algorithm.check``)."""
-        errs: list[str] = []
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            expected = type(f.default)
-            if expected is float and isinstance(v, int) and not isinstance(v, bool):
-                continue
-            if not isinstance(v, expected) or (expected is int and isinstance(v, bool)):
-                errs.append(f"{f.name} must be {expected.__name__}, got {v!r}")
-        if errs:
-            raise ConfigError("invalid config:\n  " + "\n  ".join(errs))
-        for f in dataclasses.fields(self):  # no field means anything at NaN or infinity
-            v = getattr(self, f.name)
-            if isinstance(v, float) and not math.isfinite(v):
-                errs.append(f"{f.name} must be a finite number, got {v}")
-        if errs:
-            raise ConfigError("invalid config:\n  " + "\n  ".join(errs))
 
-        if self.algorithm not in _ALGORITHM_CHECKS:
-            errs.append(f"unknown algorithm {self.algorithm!r}; choose from {algorithm_names()}")
-        if self.dataset not in DATASET_SIZES:
-            errs.append(f"unknown dataset {self.dataset!r}; choose from {sorted(DATASET_SIZES)}")
-        if self.model not in MODELS:
-            errs.append(f"unknown model {self.model!r}; choose from {list(MODELS)}")
-        if self.partition not in PARTITIONS:
-            errs.append(f"unknown partition {self.partition!r}; choose from {list(PARTITIONS)}")
-        if self.clients < 1:
-            errs.append(f"clients must be >= 1, got {self.clients}")
-        if self.partition == "dirichlet" and not self.alpha > 0:
-            errs.append(f"alpha must be > 0 for the Dirichlet partition, got {self.alpha}")
-        if self.min_client_samples < 1:
-            errs.append(f"min_client_samples must be >= 1, got {self.min_client_samples}")
-        if self.shards_per_client < 1:
-            errs.append(f"shards_per_client must be >= 1, got {self.shards_per_client}")
-        if not 0 < self.client_fraction <= 1:
-            errs.append(f"client_fraction must be in (0, 1], got {self.client_fraction}")
-        for name in ("rounds", "local_epochs", "batch_size", "eval_every"):
-            if getattr(self, name) < 1:
-                errs.append(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.lr > 0:
-            errs.append(f"lr must be > 0, got {self.lr}")
-        if not self.server_lr > 0:
-            errs.append(f"server_lr must be > 0, got {self.server_lr}")
-        if not 0 <= self.momentum < 1:
-            errs.append(f"momentum must be in [0, 1), got {self.momentum}")
-        if self.weight_decay < 0:
-            errs.append(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if not 0 <= self.dropout < 1:
-            errs.append(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.precision not in PRECISIONS:
-            errs.append(f"precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
-        if self.seed < 0:
-            errs.append(f"seed must be >= 0, got {self.seed}")
-        if self.dataset in DATASET_SIZES:
-            full_train, full_test = DATASET_SIZES[self.dataset]
-            if not 0 <= self.train_samples <= full_train:
-                errs.append(f"train_samples must be in [0, {full_train}], got {self.train_samples}")
-            if not 0 <= self.test_samples <= full_test:
-                errs.append(f"test_samples must be in [0, {full_test}], got {self.test_samples}")
-            if self.clients > self.n_train:
-                errs.append(f"more clients ({self.clients}) than training samples ({self.n_train})")
-            elif self.partition == "dirichlet" and self.clients * self.min_client_samples > self.n_train:
-                errs.append(
-                    f"{self.clients} clients x min_client_samples {self.min_client_samples} "
-                    f"exceeds the {self.n_train} training samples"
-                )
-            elif self.partition == "shards" and self.clients * self.shards_per_client > self.n_train:
-                errs.append("more shards than training samples")
-        if self.randomness not in ("seeded", "secret"):
-            errs.append(f"randomness must be seeded or secret, got {self.randomness!r}")
-        if self.profile not in PROFILE_NAMES:
-            errs.append(f"unknown profile {self.profile!r}; choose from {list(PROFILE_NAMES)}")
-        if self.algorithm in _ALGORITHM_CHECKS:
-            errs.extend(_ALGORITHM_CHECKS[self.algorithm](self))
-        if errs:
-            raise ConfigError("invalid config:\n  " + "\n  ".join(errs))
-        return self
+def _type_problems(c: Config) -> list[str]:
+    """Every field of its declared type (an int where a float is declared is fine), every float
+    finite (no field means anything at NaN or infinity)."""
+    errs: list[str] = []
+    for f in dataclasses.fields(c):
+        v = getattr(c, f.name)
+        expected = type(f.default)
+        if expected is float and isinstance(v, int) and not isinstance(v, bool):
+            continue
+        if not isinstance(v, expected) or (expected is int and isinstance(v, bool)):
+            errs.append(f"{f.name} must be {expected.__name__}, got {v!r}")
+        elif isinstance(v, float) and not math.isfinite(v):
+            errs.append(f"{f.name} must be a finite number, got {v}")
+    return errs
+
+
+def _generic_problems(c: Config) -> list[str]:
+    """The rules every run shares, then the check registered for ``c.algorithm``."""
+    errs: list[str] = []
+    choices = (("algorithm", algorithm_names()), ("dataset", sorted(DATASET_SIZES)), ("model", list(MODELS)),
+               ("partition", list(PARTITIONS)), ("profile", list(PROFILE_NAMES)))
+    for name, allowed in choices:
+        if getattr(c, name) not in allowed:
+            errs.append(f"unknown {name} {getattr(c, name)!r}; choose from {allowed}")
+    if c.clients < 1:
+        errs.append(f"clients must be >= 1, got {c.clients}")
+    if c.partition == "dirichlet" and not c.alpha > 0:
+        errs.append(f"alpha must be > 0 for the Dirichlet partition, got {c.alpha}")
+    for name in ("min_client_samples", "shards_per_client", "rounds", "local_epochs", "batch_size",
+                 "eval_every"):
+        if getattr(c, name) < 1:
+            errs.append(f"{name} must be >= 1, got {getattr(c, name)}")
+    if not 0 < c.client_fraction <= 1:
+        errs.append(f"client_fraction must be in (0, 1], got {c.client_fraction}")
+    for name in ("lr", "server_lr"):
+        if not getattr(c, name) > 0:
+            errs.append(f"{name} must be > 0, got {getattr(c, name)}")
+    for name in ("momentum", "dropout"):
+        if not 0 <= getattr(c, name) < 1:
+            errs.append(f"{name} must be in [0, 1), got {getattr(c, name)}")
+    for name in ("weight_decay", "seed"):
+        if getattr(c, name) < 0:
+            errs.append(f"{name} must be >= 0, got {getattr(c, name)}")
+    if c.precision not in PRECISIONS:
+        errs.append(f"precision must be one of {list(PRECISIONS)}, got {c.precision!r}")
+    if c.randomness not in ("seeded", "secret"):
+        errs.append(f"randomness must be seeded or secret, got {c.randomness!r}")
+    errs.extend(_size_problems(c))
+    if c.algorithm in _ALGORITHM_CHECKS:
+        errs.extend(_ALGORITHM_CHECKS[c.algorithm](c))
+    return errs
+
+
+def _size_problems(c: Config) -> list[str]:
+    """Subset sizes within the data set, and enough samples for the clients."""
+    if c.dataset not in DATASET_SIZES:
+        return []
+    errs: list[str] = []
+    full_train, full_test = DATASET_SIZES[c.dataset]
+    if not 0 <= c.train_samples <= full_train:
+        errs.append(f"train_samples must be in [0, {full_train}], got {c.train_samples}")
+    if not 0 <= c.test_samples <= full_test:
+        errs.append(f"test_samples must be in [0, {full_test}], got {c.test_samples}")
+    if c.clients > c.n_train:
+        errs.append(f"more clients ({c.clients}) than training samples ({c.n_train})")
+    elif c.partition == "dirichlet" and c.clients * c.min_client_samples > c.n_train:
+        errs.append(f"{c.clients} clients x min_client_samples {c.min_client_samples} "
+                    f"exceeds the {c.n_train} training samples")
+    elif c.partition == "shards" and c.clients * c.shards_per_client > c.n_train:
+        errs.append("more shards than training samples")
+    return errs
 
 
 def _defaults() -> dict[str, Any]:

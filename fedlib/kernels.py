@@ -52,7 +52,7 @@ def set_kernel_options(*, matmul_tf32: bool | None = None, cudnn_autotune: bool 
     last bits of the numbers) may differ between processes; TF32 rounds matmul inputs to 10-bit
     mantissas; CUDA graphs replay the recorded kernels of a step with one launch. None is the
     default: issue 24 keeps what measures faster on a GPU
-    (``python -m fedlib.tools.bench --matmul-tf32 --cudnn-autotune --cuda-graphs``) and stays
+    (``python -m lab.bench --matmul-tf32 --cudnn-autotune --cuda-graphs``) and stays
     correct."""
     if cuda_graphs is not None:
         _OPTIONS["cuda_graphs"] = bool(cuda_graphs)

@@ -171,7 +171,7 @@ class Result:
             raise InvalidResultFile(path, "its config is not the one asked for")
         if d["meta"].get("content_sha256") != content_hash(d):
             raise InvalidResultFile(path, "its content hash does not match (edited by hand, or written by "
-                                          "older code: python -m fedlib.tools.migrate adds it)")
+                                          "older code: python -m lab.migrate adds it)")
         return cls(config, d["history"], d["meta"], path)
 
     def save(self, path: Path) -> None:

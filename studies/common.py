@@ -6,7 +6,7 @@ swaps the CNN for an MLP at ``quick``, DP-FL keeps 1,000 clients), and this modu
 
 * ``smoke``: seconds, for the tests; no verdict is evidence at this profile;
 * ``quick``: the default of ``make book`` on a 2-core CPU, reduced data and rounds;
-* ``paper``: the papers' own settings, meant for a GPU (``python -m fedlib.tools.campaign``).
+* ``paper``: the papers' own settings, meant for a GPU (``python -m lab.campaign``).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ PARAMETER_RULES = {
 def check_parameters(**params) -> None:
     """Raise :class:`ParameterError` (one line) for the first parameter that breaks its rule
     (:data:`PARAMETER_RULES`) or that no notebook knows. Each notebook calls it right after its
-    parameters cell, before any work; ``fedlib.tools.notebooks`` calls it before executing one."""
+    parameters cell, before any work; ``lab.notebooks`` calls it before executing one."""
     for name, value in params.items():
         if name not in PARAMETER_RULES:
             raise ParameterError(f"unknown parameter {name!r}; known: {', '.join(sorted(PARAMETER_RULES))}")
@@ -109,7 +109,7 @@ ConfigSet = dict[Hashable, list[Config]]
 class Needs:
     """A ledger claim that a page tests (its text as the page records it) and the labels of the
     page's runs (keys of its :data:`ConfigSet`, every seed of each) that decide it. The campaign
-    (:mod:`fedlib.tools.campaign`) trains the runs that settle the most claims first."""
+    (:mod:`lab.campaign`) trains the runs that settle the most claims first."""
 
     claim: str
     labels: tuple[Hashable, ...]
@@ -163,7 +163,7 @@ class Runs:
 
 # ---- where pages read and write ---------------------------------------------------------------------
 def into_book() -> bool:
-    """True while the book is built (``FEDLIB_INTO_BOOK=1``, set by ``fedlib.tools.notebooks``):
+    """True while the book is built (``FEDLIB_INTO_BOOK=1``, set by ``lab.notebooks``):
     pages then write results, verdicts and audits where the book reads them (``data/``)."""
     return os.environ.get("FEDLIB_INTO_BOOK") == "1"
 
@@ -206,7 +206,7 @@ def with_present_seeds(configs: ConfigSet, roots: list[Path]) -> ConfigSet:
 
 def forbid_training() -> bool:
     """True when the book is built from committed results only at this page's profile
-    (``FEDLIB_FORBID_TRAINING=1``, set by ``fedlib.tools.notebooks`` for pages rendered at ``paper``):
+    (``FEDLIB_FORBID_TRAINING=1``, set by ``lab.notebooks`` for pages rendered at ``paper``):
     a missing result is then an error, never a paper-scale run on the book's machine."""
     return os.environ.get("FEDLIB_FORBID_TRAINING") == "1"
 
@@ -228,7 +228,7 @@ def run_all(configs: ConfigSet, progress: bool = False, engine: str = "auto") ->
             raise MissingResults(
                 f"{len(missing)} result(s) missing at profile {missing[0].profile!r} (first: "
                 f"{missing[0].algorithm}-{missing[0].key()}); this page is built from committed results "
-                "only: train them with python -m fedlib.tools.campaign run, or build at another profile")
+                "only: train them with python -m lab.campaign run, or build at another profile")
     return Runs(
         {
             label: run_many(cs, progress=progress, root=root, cache_roots=cache, engine=engine)
@@ -299,7 +299,7 @@ def untrained_accuracy(config: Config) -> float:
     that learns nothing stays at, which for a random model can lie below chance."""
     import torch
 
-    from fedlib.run import Experiment
+    from fedlib.experiment import Experiment
 
     return 100 * Experiment(config, torch.device("cpu")).evaluate()["test_acc"]
 

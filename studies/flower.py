@@ -32,7 +32,7 @@ def run_flower_all(cs: ConfigSet, seeds: int | None = None, progress: bool = Fal
     """The Flower results of ``cs`` (of each label's first ``seeds`` configs when given):
     committed ones where they exist, the rest trained through one Flower simulation (this needs
     the optional extra: ``pip install -e '.[flower]'``)."""
-    from fedlib.flower.simulation import FLOWER_DIR
+    from fedlib.flower.results import FLOWER_DIR
 
     cs = {label: group[:seeds] if seeds else group for label, group in cs.items()}
     found: dict[str, Result] = {}
@@ -86,7 +86,7 @@ def comparison(engine: Runs, flower: Runs) -> pd.DataFrame:
 
 def timing() -> tuple[pd.DataFrame, dict] | None:
     """The latest committed measurement of both engines' time and memory
-    (``data/bench/flower/``, written by ``python -m fedlib.tools.flower_bench --save``): a table
+    (``data/bench/flower/``, written by ``python -m lab.flower_bench --save``): a table
     and its provenance, or None when none is committed."""
     files = sorted((REPO_ROOT / "data" / "bench" / "flower").glob("*.json"))
     if not files:

@@ -6,7 +6,7 @@ findings (claim, ours, verdict class, reason) plus the page, profile, seeds, com
 Verdict classes are data (:class:`studies.claims.Verdict`); nothing parses text.
 
 Where it writes: ``data/verdicts/`` when the book is being built (``FEDLIB_INTO_BOOK=1``, which
-``python -m fedlib.tools.notebooks`` sets), else a scratch folder (:func:`studies.common.scratch_dir`),
+``python -m lab.notebooks`` sets), else a scratch folder (:func:`studies.common.scratch_dir`),
 so a curious rerun of one notebook never changes the book's tracked files.
 """
 

@@ -9,8 +9,9 @@ import torch
 from fedlib import Config, run, schedules
 from fedlib.algorithms import ALGORITHMS, RoundContext
 from fedlib.engine import Executor
+from fedlib.experiment import Experiment
 from fedlib.pruning import apply_masks, sparse_bytes, sparsity, update_masks
-from fedlib.run import Experiment, load_model
+from fedlib.run import load_model
 
 SMALL = Config(clients=4, train_samples=600, test_samples=300, rounds=1, min_client_samples=20,
                lr=0.01, momentum=0.0)

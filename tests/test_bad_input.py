@@ -55,7 +55,7 @@ def test_there_are_34_cases():
 @pytest.mark.parametrize("what,args", BAD_CLI, ids=[w for w, _ in BAD_CLI])
 def test_bad_command_line_input_is_one_line_before_any_work(what, args, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_RESULTS_DIR", str(tmp_path / "results"))
-    from fedlib.run import Experiment
+    from fedlib.experiment import Experiment
 
     monkeypatch.setattr(Experiment, "__init__", lambda *a, **k: pytest.fail("work started"))
     with pytest.raises(SystemExit) as ex:
@@ -112,7 +112,7 @@ def test_there_are_13_notebook_cases():
 
 @pytest.mark.parametrize("what,stem,args", BAD_NOTEBOOK, ids=[w for w, _, _ in BAD_NOTEBOOK])
 def test_bad_notebook_parameters_are_one_line_before_the_notebook_runs(what, stem, args, capsys, monkeypatch):
-    from fedlib.tools import notebooks
+    from lab import notebooks
 
     monkeypatch.setattr(notebooks, "execute_timed", lambda *a, **k: pytest.fail("the notebook ran"))
     with pytest.raises(SystemExit) as ex:
@@ -127,7 +127,7 @@ def test_every_notebook_checks_all_its_parameters_first():
     its parameters (where papermill's values have landed), so a direct papermill run is refused too."""
     import json
 
-    from fedlib.tools.notebooks import NOTEBOOKS, parameters_of
+    from lab.notebooks import NOTEBOOKS, parameters_of
 
     for src in sorted(NOTEBOOKS.glob("*.ipynb")):
         cells = json.loads(src.read_text())["cells"]

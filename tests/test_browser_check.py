@@ -2,7 +2,7 @@
 
 import pytest
 
-from fedlib.tools.browser_check import check_book, find_chromium
+from lab.browser_check import check_book, find_chromium
 
 pytestmark = pytest.mark.skipif(
     find_chromium() is None, reason="Chromium not installed (apt-get install chromium)"

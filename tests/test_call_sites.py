@@ -1,7 +1,7 @@
 """Privacy at the call sites, on full rounds of real runs (issue 27).
 
 The audits of tests/test_privacy_audit.py test each mechanism's noise at its call site with many
-trials. These tests run whole rounds through :class:`fedlib.run.Experiment` and check what a
+trials. These tests run whole rounds through :class:`fedlib.experiment.Experiment` and check what a
 mechanism cannot check alone:
 
 * every round's releases are recorded by the mechanisms themselves and back the event the
@@ -24,9 +24,9 @@ from test_privacy_audit import mutated
 from fedlib import Config
 from fedlib.algorithms import ALGORITHMS, dp_fedavg
 from fedlib.engine import Executor
+from fedlib.experiment import Experiment
 from fedlib.privacy import central, record
 from fedlib.privacy.record import PrivacyMismatch, SensitivityError
-from fedlib.run import Experiment
 
 # The small MLP: what these tests check (releases, records, sensitivity) does not depend on the
 # model, and the CNN made each MOON-DPAP run several times slower (this file is also the test
@@ -69,7 +69,7 @@ def test_every_round_is_accounted_from_what_the_mechanisms_recorded(name, monkey
 
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("fedlib.run"), "check", spy)
+    monkeypatch.setattr(importlib.import_module("fedlib.experiment"), "check", spy)
     exp = _rounds(PRIVATE[name])
     assert len(seen) == PRIVATE[name].rounds
     for declared, z, eps in seen:

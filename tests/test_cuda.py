@@ -111,7 +111,7 @@ def test_run_batch_on_cuda_equals_each_run_alone(tmp_path, restore_kernels, grap
 
 def test_client_states_and_server_state_live_on_the_gpu():
     from fedlib.engine import Executor
-    from fedlib.run import Experiment
+    from fedlib.experiment import Experiment
 
     for case in ("scaffold", "ditto", "dp_fedavg", "moon_dpap"):
         exp = Experiment(_config(case), CUDA)
@@ -148,7 +148,7 @@ def test_attacks_on_cuda():
 
 
 def test_bench_and_cli_on_cuda(tmp_path):
-    env_cmd = [sys.executable, "-m", "fedlib.tools.bench", "--samples", "400", "--clients", "4",
+    env_cmd = [sys.executable, "-m", "lab.bench", "--samples", "400", "--clients", "4",
                "--rounds", "1", "--batch-runs", "1", "2", "--no-scale", "--json", "--device", "cuda"]
     out = subprocess.run(env_cmd, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -170,7 +170,7 @@ def test_cuda_results_record_their_kernel_settings(tmp_path):
 
 
 def test_bench_speed_options_on_cuda(tmp_path):
-    cmd = [sys.executable, "-m", "fedlib.tools.bench", "--samples", "400", "--clients", "4", "--rounds", "1",
+    cmd = [sys.executable, "-m", "lab.bench", "--samples", "400", "--clients", "4", "--rounds", "1",
            "--batch-runs", "1", "--no-scale", "--json", "--device", "cuda", "--matmul-tf32",
            "--cudnn-autotune", "--save"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
@@ -229,7 +229,7 @@ def test_cuda_graphs_float32_reproducible_and_within_the_reference_error(tmp_pat
 
 
 def test_bench_with_cuda_graphs(tmp_path):
-    cmd = [sys.executable, "-m", "fedlib.tools.bench", "--samples", "400", "--clients", "4", "--rounds", "1",
+    cmd = [sys.executable, "-m", "lab.bench", "--samples", "400", "--clients", "4", "--rounds", "1",
            "--batch-runs", "1", "2", "--no-scale", "--json", "--device", "cuda", "--cuda-graphs"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -18,12 +18,13 @@ from torch.func import functional_call, grad
 from fedlib import Config, run
 from fedlib.algorithms.moon_dpap import record_noise_multiplier, record_schedule
 from fedlib.engine import Executor, make_poisson_plan
+from fedlib.experiment import Experiment
 from fedlib.models import build_model
 from fedlib.privacy.accounting import epsilon_of_gaussian_rounds, rdp_epsilon
 from fedlib.privacy.dpsgd import clip_per_sample, per_sample_grads, private_grad
 from fedlib.privacy.guarantee import Accountant, GaussianEvent, Relation
 from fedlib.privacy.noise import StepNoise
-from fedlib.run import Experiment, load_model
+from fedlib.run import load_model
 
 RECORD = Config(algorithm="moon_dpap", clients=4, train_samples=320, test_samples=100, rounds=2,
                 min_client_samples=10, dp="record", dp_schedule="constant", dp_epsilon_total=8.0,

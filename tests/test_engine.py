@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from fedlib import Config, run
 from fedlib import engine as engine_mod
 from fedlib.engine import Executor, balance, lane_count, make_plan, pack_lanes
-from fedlib.run import Experiment, batch_key, evaluate, load_model, run_many
+from fedlib.experiment import Experiment, evaluate
+from fedlib.run import batch_key, load_model, run_many
 
 SMALL = Config(clients=4, train_samples=600, test_samples=300, rounds=3, batch_size=32,
                lr=0.05, momentum=0.9, weight_decay=1e-4, alpha=0.5, min_client_samples=20)

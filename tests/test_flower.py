@@ -143,7 +143,7 @@ def test_agree_within_noise_on_both_sides_of_its_threshold():
 def test_committed_quick_runs_agree_within_noise():
     """SCAFFOLD and MOON-DPAP with client-level DP, committed at the quick profile through both
     engines (the Flower page's evidence), reach the same accuracy within noise."""
-    from fedlib.flower.simulation import flower_results_dir
+    from fedlib.flower.results import flower_results_dir
     from fedlib.results import REPO_ROOT, Result, result_path
     from studies import flower
 

@@ -19,9 +19,10 @@ CONFIGS = [Config(algorithm="fedavg", clients=4, **SMOKE), Config(algorithm="ldp
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_a_local_deployment_gives_the_engines_model_and_leaves_nothing_behind(tmp_path):
     from fedlib.flower import deploy as deploy_mod
-    from fedlib.flower.simulation import flower_results_dir
+    from fedlib.flower.results import flower_results_dir
 
     started = []
     real = deploy_mod.Deployment.__exit__

@@ -12,8 +12,8 @@ import tarfile
 import pytest
 
 from fedlib.results import REPO_ROOT
-from fedlib.tools import campaign
-from fedlib.tools.gpu_bundle import bundle_data, unpack_data
+from lab import campaign
+from lab.gpu_bundle import bundle_data, unpack_data
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +25,7 @@ def bundle(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_gpu_slice_runs_end_to_end_and_its_results_unpack(tmp_path, bundle):
     assert len(list(bundle.glob("*/*.gz"))) == 8
     out = tmp_path / "out"
@@ -55,7 +56,7 @@ def test_gpu_slice_runs_end_to_end_and_its_results_unpack(tmp_path, bundle):
 
 
 def test_the_slice_refuses_a_non_empty_outdir_and_unknown_pages(tmp_path):
-    from fedlib.tools import gpu_slice
+    from lab import gpu_slice
 
     (tmp_path / "x").write_text("old")
     with pytest.raises(SystemExit):
@@ -67,7 +68,7 @@ def test_the_slice_refuses_a_non_empty_outdir_and_unknown_pages(tmp_path):
 def test_test_workers_are_checked_before_any_work_and_passed_to_xdist(tmp_path, monkeypatch, capsys):
     import importlib.util
 
-    from fedlib.tools import gpu_slice
+    from lab import gpu_slice
 
     with pytest.raises(SystemExit):
         gpu_slice.main(["1", str(tmp_path / "a"), "--test-workers", "-1"])
@@ -93,7 +94,7 @@ def test_unpack_data_restores_the_idx_files(tmp_path, bundle):
 def test_what_the_node_leaves_out_exists():
     """A renamed test or module would silently leave the node's list (pytest ignores an unknown
     ``--deselect``): every entry must name a test module, or a test function in one, that exists."""
-    from fedlib.tools.gpu_slice import NODE_IGNORES
+    from lab.gpu_slice import NODE_IGNORES
 
     assert NODE_IGNORES
     for arg in NODE_IGNORES:
@@ -105,7 +106,7 @@ def test_what_the_node_leaves_out_exists():
 def test_the_campaign_step_trains_with_cuda_graphs_when_asked(tmp_path, monkeypatch, restore_kernels):
     from fedlib import data as data_mod
     from fedlib.kernels import kernel_settings
-    from fedlib.tools import gpu_slice
+    from lab import gpu_slice
 
     seen = []
     monkeypatch.setattr(data_mod, "fetch", lambda name: None)

@@ -14,9 +14,10 @@ import torch
 import fedlib.engine as engine_mod
 from fedlib import Config
 from fedlib.engine import Executor
+from fedlib.experiment import Experiment
 from fedlib.graphs import WARMUP_STEPS, CapturedStep, EagerReplay, capture_backend, copy_into
 from fedlib.kernels import set_kernel_options
-from fedlib.run import Experiment, load_model, run_many
+from fedlib.run import load_model, run_many
 
 BASE = Config(clients=4, train_samples=200, test_samples=50, rounds=2, min_client_samples=10, lr=0.02,
               momentum=0.9, client_fraction=0.75)

@@ -50,7 +50,7 @@ def test_a_damaged_result_is_set_aside_and_recomputed(damage, tmp_path, capsys):
 
 
 def test_campaign_plan_reports_a_damaged_result_instead_of_counting_it(tmp_path):
-    from fedlib.tools import campaign
+    from lab import campaign
 
     run(TINY, root=tmp_path, progress=False)
     per_page = {"page": [TINY]}
@@ -91,7 +91,7 @@ def test_a_checkpoint_that_would_run_code_is_refused(tmp_path, monkeypatch):
 
 
 def test_a_read_only_results_folder_fails_before_the_first_round(tmp_path, monkeypatch):
-    from fedlib.run import Experiment
+    from fedlib.experiment import Experiment
 
     if os.geteuid() == 0:  # root ignores permissions: simulate the folder's refusal instead
         real = os.open

@@ -7,9 +7,9 @@ import pytest
 
 from fedlib import Config, run
 from fedlib.config import RESULTS_VERSION
+from fedlib.experiment import Experiment
 from fedlib.results import Result, result_path
-from fedlib.run import Experiment
-from fedlib.tools.migrate import key_under, migrate, written_under
+from lab.migrate import key_under, migrate, written_under
 
 
 def _old_result(root, config_dict: dict, version: int) -> str:

@@ -10,8 +10,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from fedlib.tools.browser_check import check_book, find_chromium
-from fedlib.tools.notebooks import CHAPTERS, NOTEBOOKS, execute_timed, ordered, parameters_of
+from lab.browser_check import check_book, find_chromium
+from lab.notebooks import CHAPTERS, NOTEBOOKS, execute_timed, ordered, parameters_of
 from studies.claims import Verdict
 
 SOURCES = ordered(list(NOTEBOOKS.glob("*.ipynb")))
@@ -100,7 +100,7 @@ def smoke_book(tmp_path_factory):
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    from fedlib.tools.notebooks import SUMMARY_PAGES
+    from lab.notebooks import SUMMARY_PAGES
 
     root = tmp_path_factory.mktemp("smoke")
     book = root / "book"
@@ -125,6 +125,7 @@ def smoke_book(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("src", SOURCES, ids=[s.stem for s in SOURCES])
+@pytest.mark.e2e
 def test_notebook_runs_under_smoke(src: Path, smoke_book):
     book, errors = smoke_book
     assert errors[src.stem] is None, errors[src.stem]
@@ -146,6 +147,7 @@ ANALYTIC_PAGES = {"dpfl_composition", "fdl_privacy", "dpfl_setting"}
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_smoke_runs_issue_no_evidential_verdict(smoke_book):
     """A page trained at the smoke profile says nothing about a paper: every finding of a training
     page is 'not evaluated' (or a sanity check, or not testable); every row has one class."""
@@ -161,6 +163,7 @@ def test_smoke_runs_issue_no_evidential_verdict(smoke_book):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_smoke_book_builds_and_renders_in_a_browser(smoke_book):
     """``jupyter-book build -W -n`` of the smoke-executed book, then every page in headless
     Chromium: no missing image, no broken internal link, no raw math; screenshots saved."""

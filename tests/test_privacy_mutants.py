@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from fedlib.tools import privacy_mutants as pm
+from lab import privacy_mutants as pm
 
 
 def test_changed_lines_of_a_one_line_diff():
@@ -195,6 +195,7 @@ def toy_repository(tmp_path):
     return repo
 
 
+@pytest.mark.e2e
 def test_a_real_mutmut_run_reports_its_survivor_and_resumes(toy_repository, tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", [str(toy_repository), *sys.path])
     work = tmp_path / "work"

@@ -10,8 +10,9 @@ import torch
 
 from fedlib import Config, run
 from fedlib import results as results_mod
+from fedlib.experiment import Experiment
 from fedlib.results import checkpoint_path, result_path
-from fedlib.run import Experiment, load_model
+from fedlib.run import load_model
 
 CFG = Config(clients=4, train_samples=600, test_samples=300, rounds=4, min_client_samples=20)
 

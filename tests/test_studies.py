@@ -158,7 +158,7 @@ def test_a_page_built_from_committed_results_only_never_trains(tmp_path, monkeyp
 
 
 def test_auto_profile_renders_each_page_at_the_largest_complete_profile(tmp_path, monkeypatch):
-    from fedlib.tools import notebooks as nbtool
+    from lab import notebooks as nbtool
 
     assert nbtool.paper_complete_pages(tmp_path) == set()  # nothing trained at paper there
     dpfl_done = {p for p in studies.pages() if p.startswith("dpfl_")}
@@ -197,7 +197,7 @@ def test_tables_for_readers_have_no_raw_values():
 
     import pandas as pd
 
-    from fedlib.tools.browser_check import RAW_OUTPUT
+    from lab.browser_check import RAW_OUTPUT
     from studies.common import readable, table_for_reader
 
     df = pd.DataFrame({"epsilon": [1.0, math.inf], "acc_mean": [50.123, float("nan")],

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One slice of the paper campaign on an offline GPU node (see fedlib/tools/gpu_slice.py):
+# One slice of the paper campaign on an offline GPU node (see lab/gpu_slice.py):
 #   bash tools/gpu-slice.sh MINUTES OUTDIR [--profile paper] [--pages 'moon_dpap_*'] [--tests gpu|all|none] ...
 # Needs what `make gpu-bundle` wrote on a connected machine: .whl/ (wheels the node lacks) and
 # .gpudata/ (the gzipped datasets). Uses the node's own torch; installs nothing from the network.
@@ -17,4 +17,4 @@ if ! "$PYTHON" -c "import dp_accounting, opacus" 2>/dev/null; then
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PYTHON" -m fedlib.tools.gpu_slice "$@"
+exec "$PYTHON" -m lab.gpu_slice "$@"

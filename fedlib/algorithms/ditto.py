@@ -5,7 +5,7 @@ FedAvg does and uploads the update, and (b) trains ``v_i`` on the same minibatch
 minimise ``F_i(v) + lambda/2 ||v - w^t||^2``. The server step is FedAvg's.
 
 The personal models are exposed through :meth:`Ditto.personal_models`; the run reports their
-*personalised* accuracy at the last round (:meth:`fedlib.run.Experiment.personal_accuracy`).
+*personalised* accuracy at the last round (:meth:`fedlib.experiment.Experiment.personal_accuracy`).
 """
 
 from __future__ import annotations

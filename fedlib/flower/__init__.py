@@ -12,7 +12,7 @@ algorithm that way, unchanged:
   model, Ditto's personal model) lives in the node's ``context.state``, as Flower recommends.
 * :mod:`fedlib.flower.server`: :class:`~fedlib.flower.server.FedlibStrategy`, a Flower
   ``Strategy`` whose aggregation is the algorithm's own server step
-  (:meth:`fedlib.run.Experiment.aggregate`: central DP through :mod:`fedlib.privacy.central`,
+  (:meth:`fedlib.experiment.Experiment.aggregate`: central DP through :mod:`fedlib.privacy.central`,
   epsilon through the run's accountant), and the ``ServerApp``.
 * :mod:`fedlib.flower.simulation`: :func:`run_flower` runs one configuration through Flower's
   simulation engine and writes a result like :func:`fedlib.run` does, under

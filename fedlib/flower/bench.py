@@ -29,7 +29,7 @@ def _per_round(history: list[dict]) -> float:
 
 def measure_engine(config: Config, engine: str = "auto") -> dict:
     """fedlib's engine on ``config`` (trained afresh into a temporary folder)."""
-    from fedlib.flower.simulation import MemorySampler
+    from fedlib.flower.results import MemorySampler
     from fedlib.run import run
 
     with tempfile.TemporaryDirectory() as tmp, MemorySampler() as memory:

@@ -51,8 +51,8 @@ class NodeClients:
     def __init__(self, config: Config, x: dict[int, torch.Tensor], y: dict[int, torch.Tensor],
                  sizes: list[int]):
         from fedlib.algorithms import ALGORITHMS
+        from fedlib.experiment import init_params, projection_dim
         from fedlib.models import build_model
-        from fedlib.run import init_params, projection_dim
 
         self.config = config
         self.x, self.y = x, y
@@ -72,7 +72,7 @@ class NodeClients:
 
     def run(self, cid: int, t: int, cstate, ctx: RoundContext):
         """Client ``cid``'s round on its own samples (the plan on positions in its local tensor)."""
-        from fedlib.run import client_plan
+        from fedlib.experiment import client_plan
 
         x, y = self.x[cid], self.y[cid]
         plan = client_plan(self.algo, self.model, [np.arange(len(y))], [cid], t, ctx.gparams, x.device)
@@ -83,8 +83,8 @@ def write_node_data(config: Config, clients: list[int], path: Path, experiment=N
     """The data owner's side: a file holding only ``clients``' training samples (in the order of their
     partition), for one SuperNode (see the module docstring), and every client's sample
     count (public, as in Opacus). Tensors and plain data only (loaded with ``weights_only``)."""
+    from fedlib.experiment import Experiment
     from fedlib.results import atomic_torch_save
-    from fedlib.run import Experiment
 
     exp = experiment or Experiment(config, torch.device("cpu"))
     payload = {"config_key": config.key(), "sizes": [len(p) for p in exp.parts],
@@ -117,7 +117,7 @@ def _node(config: Config, context: Context) -> NodeClients:
             raise ValueError(f"the node's data file was written for config {d['config_key']}, not {key}")
         node = NodeClients(config, d["x"], d["y"], d["sizes"])
     else:
-        from fedlib.run import Experiment
+        from fedlib.experiment import Experiment
 
         if key not in _EXPERIMENTS:
             _EXPERIMENTS.clear()

@@ -86,8 +86,8 @@ class Deployment:
     def __enter__(self) -> Deployment:
         import torch
 
+        from fedlib.experiment import Experiment
         from fedlib.flower.client import write_node_data
-        from fedlib.run import Experiment
 
         # a SIGTERM (timeout, kill, a job scheduler) must still stop every process started here:
         # Python runs no cleanup on SIGTERM unless it is turned into an exception
@@ -199,7 +199,7 @@ def deploy(configs: list[Config], nodes: int = 3, root: Path | None = None, time
     """Run ``configs`` one after another on a local SuperLink and ``nodes`` SuperNodes (see the
     module docstring); return their results (under ``<root>/flower/``)."""
     from fedlib.flower import check_supported, require_flower
-    from fedlib.flower.simulation import MemorySampler, flower_results_dir
+    from fedlib.flower.results import MemorySampler, flower_results_dir
 
     require_flower()
     for c in configs:

@@ -1,6 +1,6 @@
 """The Flower server side: a ``Strategy`` whose aggregation is the fedlib algorithm's server step.
 
-:class:`FedlibStrategy` keeps the run's server half (:class:`fedlib.run.Experiment`: the global
+:class:`FedlibStrategy` keeps the run's server half (:class:`fedlib.experiment.Experiment`: the global
 model, the server state, the accountant, the test set). Each round it samples the clients the
 algorithm would sample, sends each one's node the global model and the broadcast, and hands the
 replies, stacked in client order, to :meth:`Experiment.aggregate` (the algorithm's
@@ -132,7 +132,7 @@ def server_app(configs: list[Config] | None, start: Callable[[Config], Any],
                on_round: Callable[[int, dict, float], None], threads: int = 1) -> ServerApp:
     """A ``ServerApp`` that trains ``configs`` one after another with :class:`FedlibStrategy` over
     the same nodes (or, when None, the config in the run config's ``fedlib-config`` entry, a JSON
-    string). ``start(config)`` returns the run's server-side :class:`~fedlib.run.Experiment`."""
+    string). ``start(config)`` returns the run's server-side :class:`~fedlib.experiment.Experiment`."""
     app = ServerApp()
 
     @app.main()
@@ -150,7 +150,7 @@ def server_app(configs: list[Config] | None, start: Callable[[Config], Any],
 def _deployment_app() -> ServerApp:
     """The ``ServerApp`` for ``flwr run`` on a SuperLink (see the Flower page of the book): the
     config comes from the run config, metrics are logged, the result is written on the server."""
-    from fedlib.flower.simulation import ResultWriter
+    from fedlib.flower.results import ResultWriter
 
     writer = ResultWriter.for_deployment()
     return server_app(None, writer.start, writer.on_round)

@@ -23,9 +23,10 @@ from fedlib.attacks.membership import (
     yeom_advantage_bound,
 )
 from fedlib.config import Config
+from fedlib.experiment import Experiment
 from fedlib.privacy.accounting import epsilon_of_gaussian_rounds, rdp_epsilon
 from fedlib.results import atomic_write_bytes
-from fedlib.run import Experiment, load_model
+from fedlib.run import load_model
 from studies.common import ConfigSet, Needs, Runs, read_roots, run_all, seeds_for, write_root
 from studies.dpfl.claims import CLAIM2
 from studies.dpfl.settings import ARTICLE, EPSILONS, MIA_EPSILONS, SCALES, config_for, mia_config

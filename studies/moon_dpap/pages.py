@@ -1,6 +1,6 @@
 """The configurations each MOON-DPAP page runs (labelled, one config per seed), as functions of
 the profile and the page's parameters. The notebooks run them; the campaign
-(``python -m fedlib.tools.campaign``) collects them through :data:`PAGES`."""
+(``python -m lab.campaign``) collects them through :data:`PAGES`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Execute the parameterized notebooks with papermill.
 
-``python -m fedlib.tools.notebooks --into-book --profile auto`` (what ``make book`` runs) executes
+``python -m lab.notebooks --into-book --profile auto`` (what ``make book`` runs) executes
 every ``notebooks/*.ipynb`` (the cell tagged ``parameters`` receives ``profile`` and any
 ``-p NAME VALUE``) into ``book/chapters/``, where Jupyter Book renders them; the pages then write
 their results, verdicts and audits where the book reads them (``data/``), and each page's cost is
@@ -187,7 +187,7 @@ def _value(text: str):
 def main(argv: list[str] | None = None) -> int:
     from fedlib.__main__ import OneLineParser
 
-    p = OneLineParser(prog="python -m fedlib.tools.notebooks",
+    p = OneLineParser(prog="python -m lab.notebooks",
                       description="execute the study's notebooks (papermill)")
     p.add_argument("--profile", default="quick", choices=["auto", "smoke", "quick", "paper"],
                    help="auto: each page at the largest profile whose results are complete")

@@ -1,4 +1,4 @@
-"""``python -m fedlib.tools.flower_bench [--save]``: time and memory of fedlib's engine and of Flower
+"""``python -m lab.flower_bench [--save]``: time and memory of fedlib's engine and of Flower
 on the Flower page's configurations (seed 0 of FedAvg and of MOON-DPAP with client-level DP), through
 Flower's simulation and its deployment runtime (local SuperNodes), measured one after the other on
 this machine; see :mod:`fedlib.flower.bench`. Needs the Flower
@@ -12,7 +12,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedlib.tools.flower_bench",
+    p = argparse.ArgumentParser(prog="python -m lab.flower_bench",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--profile", default="quick", help="profile of the configurations (default: quick)")
     p.add_argument("--rounds", type=int, default=10, help="rounds per measurement (default: 10)")

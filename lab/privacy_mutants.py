@@ -1,6 +1,6 @@
 """Mutation testing of the privacy code with mutmut: ``make test-privacy-mutants``.
 
-``python -m fedlib.tools.privacy_mutants run`` copies the repository into a temporary folder and runs
+``python -m lab.privacy_mutants run`` copies the repository into a temporary folder and runs
 `mutmut <https://github.com/boxed/mutmut>`_ 3 there with the configuration in ``pyproject.toml``
 (``[tool.mutmut]``): the files mutated are ``fedlib/privacy/`` and the DP parts of the algorithms
 (the parts of those files that are not privacy code are fenced off with ``# pragma: no mutate``
@@ -532,7 +532,7 @@ WORKDIR = REPO_ROOT / ".mutants"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedlib.tools.privacy_mutants",
+    p = argparse.ArgumentParser(prog="python -m lab.privacy_mutants",
                                 description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run mutmut on the privacy code and write the report")

@@ -1,5 +1,5 @@
 """What an offline GPU node needs besides the repository: ``make gpu-bundle`` (``python -m
-fedlib.tools.gpu_bundle``) on a machine with the package registries.
+lab.gpu_bundle``) on a machine with the package registries.
 
 It writes into two git-ignored folders of the repository:
 
@@ -10,7 +10,7 @@ It writes into two git-ignored folders of the repository:
   ``data/raw/`` (``make data`` fetches them first).
 
 ``bash tools/gpu-slice.sh MINUTES OUTDIR`` on the node installs the wheels without network (only
-if the modules are missing), unpacks the data and runs a slice (:mod:`fedlib.tools.gpu_slice`).
+if the modules are missing), unpacks the data and runs a slice (:mod:`lab.gpu_slice`).
 The node must not install torch or torchvision: it uses its own (a CUDA wheel is far larger than
 what travels with a command); every result records the torch version it ran with.
 """
@@ -94,7 +94,7 @@ def tracked_size() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedlib.tools.gpu_bundle", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m lab.gpu_bundle", description=__doc__.splitlines()[0])
     p.add_argument("--python-version", default="3.12", help="the node's Python (default 3.12)")
     args = p.parse_args(argv)
     wheels = download_wheels(python_version=args.python_version)

@@ -1,4 +1,4 @@
-"""Engine benchmark: ``python -m fedlib.tools.bench [--json]`` (also ``make bench``).
+"""Engine benchmark: ``python -m lab.bench [--json]`` (also ``make bench``).
 
 Measures, in one process and on one setting (dataset, model, clients, samples, batch):
 
@@ -61,10 +61,11 @@ import torch.nn.functional as F
 
 from fedlib.config import Config
 from fedlib.engine import Executor, cpu_workers, default_path, worker_start_method
+from fedlib.experiment import Experiment, RunBatch, evaluate
 from fedlib.kernels import set_kernel_options
 from fedlib.models import build_model
 from fedlib.results import REPO_ROOT, atomic_write_bytes, provenance
-from fedlib.run import Experiment, RunBatch, evaluate, pick_device
+from fedlib.run import pick_device
 from fedlib.tree import leaves
 
 #: Other algorithms whose round time the benchmark reports: name -> config changes.
@@ -350,7 +351,7 @@ def clients_sweep(config: Config, device: torch.device, clients: list[int], path
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedlib.tools.bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m lab.bench", description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default="fashionmnist")
     p.add_argument("--model", default="cnn")
     p.add_argument("--clients", type=int, default=20)

@@ -1,22 +1,22 @@
 """One slice of the paper campaign on an offline GPU node: ``bash tools/gpu-slice.sh MINUTES OUTDIR``.
 
 The wrapper installs the carried wheels when the node lacks them (``make gpu-bundle`` made them on a
-connected machine) and runs ``python -m fedlib.tools.gpu_slice MINUTES OUTDIR``, which, within
+connected machine) and runs ``python -m lab.gpu_slice MINUTES OUTDIR``, which, within
 ``MINUTES`` from its start:
 
 1. unpacks the carried datasets (``.gpudata/``) into ``data/raw/`` and verifies them;
 2. runs the GPU tests (``--tests gpu``: ``pytest -m gpu``; ``all``: the suite that can run without
    papermill, a browser or Flower; ``none``), their log kept;
-3. runs the benchmark (``fedlib.tools.bench --save``; ``--no-bench`` skips it), whose JSON the
+3. runs the benchmark (``lab.bench --save``; ``--no-bench`` skips it), whose JSON the
    campaign then uses for its estimates;
-4. trains the campaign, claims first (:func:`fedlib.tools.campaign.run`), with what is left of the
+4. trains the campaign, claims first (:func:`lab.campaign.run`), with what is left of the
    budget less a margin for packing; a run batch that would not end in time is not started, and
    every finished batch is written at once;
 5. packs every result (and audit) file the slice added, the benchmark JSON, a summary
    (``slice.json``) and the logs into at most 8 files of at most 16 MiB under ``OUTDIR`` (what the
    project's GPU machine returns per command).
 
-On the connected machine, ``python -m fedlib.tools.campaign unpack OUTDIR/results-*.tgz`` checks
+On the connected machine, ``python -m lab.campaign unpack OUTDIR/results-*.tgz`` checks
 and adds the results, and ``OUTDIR/<device>-<date>.json`` goes to ``data/bench/`` (a benchmark
 with speed options, ``--bench-args '--matmul-tf32'``, is named ``<device>-<date>-<options>.json``
 and goes to ``data/bench/options/``). A slice
@@ -50,7 +50,7 @@ MAX_FILES, MAX_BYTES = 8, 16 * 2**20
 NODE_IGNORES = [f"--ignore=tests/{m}.py" for m in (
     "test_notebooks", "test_browser_check", "test_flower", "test_flower_deploy", "test_flower_dp",
     "test_gpu_slice")] + [f"--deselect=tests/{t}" for t in (
-        "test_config.py::test_no_import_cycle_every_module_imports_on_its_own",
+        "test_layers.py::test_every_library_module_imports_alone_without_studies_or_lab",
         "test_integrity.py::test_a_dataset_file_corrupted_at_the_same_size_is_detected_and_repaired",
         "test_privacy_mutants.py::test_a_real_mutmut_run_reports_its_survivor_and_resumes")]
 
@@ -93,9 +93,9 @@ def slice_(minutes: float, out: Path, profile: str = "paper", pages: list[str] |
     """The slice (see the module's docstring); returns its summary, also written to ``out/slice.json``.
     ``cuda_graphs``: the campaign's runs replay their steps as CUDA graphs (:mod:`fedlib.graphs`;
     each result records it in ``meta.kernels``)."""
-    from fedlib.tools import campaign
-    from fedlib.tools.bench import bench_dir
-    from fedlib.tools.gpu_bundle import DATA_BUNDLE, unpack_data
+    from lab import campaign
+    from lab.bench import bench_dir
+    from lab.gpu_bundle import DATA_BUNDLE, unpack_data
 
     start = time.time()
     deadline = start + 60 * minutes
@@ -132,7 +132,7 @@ def slice_(minutes: float, out: Path, profile: str = "paper", pages: list[str] |
     # 3. benchmark
     if bench:
         before_bench = set(bench_dir().rglob("*.json"))
-        cmd = [py, "-m", "fedlib.tools.bench", "--json", "--save", *shlex.split(bench_args)]
+        cmd = [py, "-m", "lab.bench", "--json", "--save", *shlex.split(bench_args)]
         summary["steps"]["bench"] = _step(cmd, logs / "bench.log", deadline - time.time())
         for f in sorted(set(bench_dir().rglob("*.json")) - before_bench):
             (out / f.name).write_bytes(f.read_bytes())
@@ -177,7 +177,7 @@ def slice_(minutes: float, out: Path, profile: str = "paper", pages: list[str] |
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedlib.tools.gpu_slice", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m lab.gpu_slice", description=__doc__.splitlines()[0])
     p.add_argument("minutes", type=float, help="the slice's whole budget, from its start")
     p.add_argument("outdir", type=Path, help="an empty folder for what comes back (at most 8 files)")
     p.add_argument("--profile", default="paper", choices=["smoke", "quick", "paper"])
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="pytest-xdist processes for the tests (0: one process; default: 8 where xdist and "
                         "16 cores are there, else 0)")
     p.add_argument("--no-bench", dest="bench", action="store_false")
-    p.add_argument("--bench-args", default="", help="extra options of fedlib.tools.bench (quoted)")
+    p.add_argument("--bench-args", default="", help="extra options of lab.bench (quoted)")
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--cuda-graphs", action="store_true",
                    help="the campaign's runs replay their steps as CUDA graphs (fedlib.graphs)")

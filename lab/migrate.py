@@ -1,6 +1,6 @@
 """Carry committed results over a :data:`fedlib.config.RESULTS_VERSION` bump without recomputing.
 
-``python -m fedlib.tools.migrate [--root data/results] [--dry-run]``
+``python -m lab.migrate [--root data/results] [--dry-run]``
 
 A version bump changes every cache key. For each result file written under an earlier version,
 the rule of each later version says whether the code change left that result as it was: if so,
@@ -195,7 +195,7 @@ def migrate(root: Path | None = None, dry_run: bool = False) -> dict[str, list[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedlib.tools.migrate", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m lab.migrate", description=__doc__.splitlines()[0])
     p.add_argument("--root", type=Path, default=None,
                    help="results folder (default: data/results; its flower/ folder too)")
     p.add_argument("--dry-run", action="store_true", help="only report what would happen")

@@ -1,6 +1,6 @@
 """Open the built book in headless Chromium and check every page.
 
-``python -m fedlib.tools.browser_check book/_build/html [--screenshots DIR]`` loads each HTML page
+``python -m lab.browser_check book/_build/html [--screenshots DIR]`` loads each HTML page
 (after its scripts ran, so MathJax has typeset the math), and fails on:
 
 * an image whose file is missing (or an ``<img>`` without a source);
