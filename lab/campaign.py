@@ -1,13 +1,13 @@
 """The campaign: train every configuration the book's pages need at a profile, in slices, claims first.
 
-``python -m fedlib.tools.campaign plan --profile paper [--pages 'dpfl_*'] [--seeds N]``
+``python -m lab.campaign plan --profile paper [--pages 'dpfl_*'] [--seeds N]``
     lists, per page, the configurations its notebook needs (collected from the studies' ``PAGES``,
     not retyped), how many are already in ``data/results/`` and the estimated time of the rest; then,
     per ledger claim (``studies.claim_runs``), in the order ``run`` trains them, what the claim still
     needs and the estimated minutes to settle it, on this machine's device kind (or
     ``--device-kind``), from the committed benchmark of that kind (``data/bench/``).
 
-``python -m fedlib.tools.campaign run --profile paper --budget-min 25 [--pages ...] [--seeds N]``
+``python -m lab.campaign run --profile paper --budget-min 25 [--pages ...] [--seeds N]``
     trains the missing ones in the order that settles the most claims per estimated minute (greedy:
     each step trains what settles the most open claims per minute of training; runs that settle no
     claim, such as a frontier's dense grid, come last), configurations of one shape together as run
@@ -18,7 +18,7 @@
     once). Rerun it until nothing is missing. Right after training it computes what a page needs
     from the model files, which stay on the machine that trained (the membership audit's losses).
 
-``python -m fedlib.tools.campaign pack --out DIR`` / ``unpack ARCHIVE...``
+``python -m lab.campaign pack --out DIR`` / ``unpack ARCHIVE...``
     put the result files that git does not track yet (and their audit files) into archives of at
     most 16 MiB each (a GPU machine returns at most 8 files per command), and add them to
     ``data/results/`` after checking every one like input (:func:`check_result`): its config valid
@@ -126,7 +126,7 @@ def invalid(per_page: dict[str, list[Config]], root: Path | None = None) -> list
 def latest_bench(kind: str) -> tuple[dict | None, str]:
     """The results of the latest committed benchmark of ``kind`` ("cuda" or "cpu") and its file
     name, or (None, "") when there is none."""
-    from fedlib.tools.bench import bench_dir
+    from lab.bench import bench_dir
 
     files = sorted(bench_dir().glob(f"{kind}-*.json"))
     if not files:
@@ -292,8 +292,12 @@ def after_training_hooks() -> dict[str, Callable]:
 
 def run(profile: str, budget_min: float, root: Path | None = None, engine: str = "auto",
         max_batch: int = 8, progress: bool = True, pages: list[str] | None = None,
-        n_seeds: int | None = None) -> dict:
-    """Train missing configurations, claims first, until done or until the budget would be exceeded."""
+        n_seeds: int | None = None, steps: int | None = None) -> dict:
+    """Train missing configurations, claims first, until done or until the budget would be exceeded;
+    ``steps``: only the first ``steps`` steps of the claims-first order as it stands now (what ``plan``
+    lists as steps 1..steps; steps already trained have left the list)."""
+    if steps is not None and steps < 1:
+        raise ConfigError(f"--steps must be >= 1, got {steps}")
     start = time.time()
     deadline = start + 60 * budget_min
     root = Path(root or results_dir())
@@ -309,7 +313,7 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
         for c in cs:
             pages_of[c.key()].append(page)
     done, skipped, settled = 0, 0, 0
-    for claim_names, configs in order(todo, claims, _cost(per_sample, rc)):
+    for claim_names, configs in order(todo, claims, _cost(per_sample, rc))[:steps]:
         complete = True
         for group in groups(configs, per_sample, rc):
             for i in range(0, len(group), max_batch):
@@ -555,7 +559,7 @@ def _print_plan(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedlib.tools.campaign",
+    p = argparse.ArgumentParser(prog="python -m lab.campaign",
                                 description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     pl = sub.add_parser("plan", help="what each page and claim needs at a profile, its estimated time")
@@ -568,6 +572,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--budget-min", type=float, required=True)
     r.add_argument("--engine", default="auto")
     r.add_argument("--max-batch", type=int, default=8, help="runs trained together at most")
+    r.add_argument("--steps", type=int, default=None,
+                   help="only the first N steps of the claims-first order (plan lists them)")
     r.add_argument("--cuda-graphs", action="store_true",
                    help="on a GPU, replay the vectorized step as a CUDA graph (fedlib.graphs)")
     pk = sub.add_parser("pack", help="archive the result files git does not track yet")
@@ -589,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
                 p.error("--max-batch must be >= 1")
             set_kernel_options(cuda_graphs=args.cuda_graphs)
             print(json.dumps(run(args.profile, args.budget_min, engine=args.engine, max_batch=args.max_batch,
-                                 pages=args.pages, n_seeds=args.seeds)))
+                                 pages=args.pages, n_seeds=args.seeds, steps=args.steps)))
             return 0
         if args.command == "pack":
             files = untracked_results()

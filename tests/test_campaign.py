@@ -11,7 +11,7 @@ import pytest
 
 from fedlib import Config
 from fedlib.results import result_path
-from fedlib.tools import campaign
+from lab import campaign
 
 TINY = Config(
     clients=4, train_samples=320, test_samples=100, rounds=2, min_client_samples=10, profile="smoke"
@@ -53,6 +53,16 @@ def test_run_trains_the_missing_and_then_nothing(pages, tmp_path, monkeypatch):
     assert out["trained"] == 3 and out["still missing"] == 0
     again = campaign.run("smoke", budget_min=30, root=tmp_path, progress=False)
     assert again["trained"] == 0 and again["still missing"] == 0
+
+
+def test_steps_trains_only_the_first_claims_first_steps(pages, tmp_path, monkeypatch):
+    """Step 1 settles the one claim (page_b's two configs); the rest (page_a's other seed) is left."""
+    monkeypatch.setenv("FEDLIB_RESULTS_DIR", str(tmp_path))
+    with pytest.raises(campaign.ConfigError, match="--steps"):
+        campaign.run("smoke", budget_min=30, root=tmp_path, progress=False, steps=0)
+    out = campaign.run("smoke", budget_min=30, root=tmp_path, progress=False, steps=1)
+    assert out["trained"] == 2 and out["still missing"] == 1 and out["claims settled"] == 1
+    assert not result_path(TINY.replace(seed=1), tmp_path).exists()
 
 
 def test_a_spent_budget_starts_nothing_and_leaves_no_partial_result(pages, tmp_path, monkeypatch):
@@ -174,7 +184,7 @@ def test_plan_of_the_real_pages_covers_every_profile():
 
 def test_the_short_command_plans_and_reports_the_distinct_missing(tmp_path):
     env = {**os.environ, "FEDLIB_RESULTS_DIR": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-m", "fedlib.campaign", "plan", "--profile", "smoke"],
+    out = subprocess.run([sys.executable, "-m", "lab.campaign", "plan", "--profile", "smoke"],
                          capture_output=True, text=True, env=env, check=True).stdout
     line = next(x for x in out.splitlines() if x.startswith("missing configurations (distinct"))
     total = int(line.rsplit(":", 1)[1])

@@ -35,7 +35,7 @@ import torch
 from fedlib.privacy.discrete import Grid, discrete_gaussian, grid_for, rng_for
 from fedlib.privacy.guarantee import Relation
 from fedlib.privacy.noise import gaussian_noise_like, generator_for
-from fedlib.privacy.record import Release, SensitivityError, note
+from fedlib.privacy.record import Release, SensitivityError, note, note_draw
 from fedlib.tree import Tree, leaves, tmap
 
 #: Relative allowance for float32 rounding in a clipped update's norm (``clip_by_l2`` computes the
@@ -99,6 +99,7 @@ def noisy_sum(
         std = noise_multiplier * relation.sensitivity_factor * clip
         noise = gaussian_noise_like(total, std, generator_for(*seed))
         note(Release("gaussian_sum", noise_multiplier=std / (relation.sensitivity_factor * clip)))
+        note_draw("gaussian_sum", *leaves(noise))
         if mask is not None:
             noise = tmap(lambda n, m: n * m.to(n.dtype), noise, mask)
         return tmap(torch.add, total, noise)
@@ -107,19 +108,19 @@ def noisy_sum(
     sigma = noise_multiplier * grid_sensitivity(clip, relation, dims, grid)
     note(Release("gaussian_sum", noise_multiplier=sigma / grid_sensitivity(clip, relation, dims, grid)))
     rng = rng_for(*seed)
+    drawn: list[np.ndarray] = []
 
     def release(x: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
         total = _rounded(x, grid).sum(0)
-        noise = (
-            torch.from_numpy(discrete_gaussian(total.numel(), sigma, rng)).view(total.shape).to(total.device)
-        )
+        drawn.append(discrete_gaussian(total.numel(), sigma, rng))
+        noise = torch.from_numpy(drawn[-1]).view(total.shape).to(total.device)
         if m is not None:
             noise = noise * (m != 0).long()
         return _decode(total + noise, grid, x)
 
-    if mask is None:
-        return tmap(lambda x: release(x, None), clipped)
-    return tmap(release, clipped, mask)
+    out = tmap(lambda x: release(x, None), clipped) if mask is None else tmap(release, clipped, mask)
+    note_draw("gaussian_sum", *drawn)
+    return out
 
 
 def noisy_one(
@@ -157,11 +158,14 @@ def noisy_count(values: torch.Tensor, std: float, seed: tuple[int, ...], secure:
         return total
     if not secure:
         note(Release("gaussian_count", noise_multiplier=std / sensitivity))
-        return total + float(torch.randn((), generator=generator_for(*seed), dtype=torch.float64)) * std
+        draw = float(torch.randn((), generator=generator_for(*seed), dtype=torch.float64))
+        note_draw("gaussian_count", np.array([draw]))
+        return total + draw * std
     steps = std / COUNT_GRID.step  # the noise std in grid steps: what is drawn, and recorded
     note(Release("gaussian_count", noise_multiplier=steps * COUNT_GRID.step / sensitivity))
     n = int(COUNT_GRID.encode(np.array(total)))
     noise = int(discrete_gaussian(1, steps, rng_for(*seed))[0])
+    note_draw("gaussian_count", np.array([noise]))
     return float(COUNT_GRID.decode(np.array(n + noise)))
 
 

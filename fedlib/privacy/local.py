@@ -35,7 +35,7 @@ import torch
 
 from fedlib.privacy.discrete import discrete_laplace, grid_for
 from fedlib.privacy.noise import laplace_noise_like
-from fedlib.privacy.record import Release, SensitivityError, note
+from fedlib.privacy.record import Release, SensitivityError, note, note_draw
 
 
 # ---- the exponential mechanism without replacement ---------------------------------------
@@ -58,8 +58,9 @@ def gumbel_top_k(log_weights: torch.Tensor, k: int, generator: torch.Generator) 
     ``-inf`` are never drawn while others remain."""
     if not 0 <= k <= log_weights.shape[-1]:
         raise ValueError(f"k must be in [0, {log_weights.shape[-1]}], got {k}")
-    scores = log_weights.double() + gumbel(tuple(log_weights.shape), generator, log_weights.device)
-    return torch.topk(scores, k, dim=-1).indices
+    noise = gumbel(tuple(log_weights.shape), generator, log_weights.device)
+    note_draw("gumbel", noise)
+    return torch.topk(log_weights.double() + noise, k, dim=-1).indices
 
 
 def exponential_mechanism_log_weights(utility: torch.Tensor, epsilon: float,
@@ -109,6 +110,7 @@ def two_point(values: torch.Tensor, center: float, radius: float, epsilon: float
     note(Release("two_point", epsilon=epsilon * values.shape[-1]))  # each row: every coordinate
     p = ((w - center) * (e - 1) + radius * (e + 1)) / (2 * radius * (e + 1))
     u = torch.rand(w.shape, generator=generator, dtype=torch.float64).to(w.device)
+    note_draw("two_point", u)
     level = radius * (e + 1) / (e - 1)
     return torch.where(u < p, center + level, center - level).to(values.dtype)
 
@@ -145,12 +147,14 @@ def signds_select(updates: torch.Tensor, k: int, h: int, nu_th: int, epsilon: fl
     nu = rng.choice(h + 1, size=m, p=probs / probs.sum())
     mask = np.zeros((m, d), dtype=bool)
     for i in range(m):
-        mask[i, top[i, rng.choice(k, size=min(int(nu[i]), k), replace=False)]] = True
+        inside = rng.choice(k, size=min(int(nu[i]), k), replace=False)
+        mask[i, top[i, inside]] = True
         # the r-th dimension outside the top-k set, for r uniform without replacement:
         # r + #{top elements at or below it} (the sorted top set shifted by its ranks)
         shifted = np.sort(top[i]) - np.arange(k)
         r = rng.choice(d - k, size=h - int(nu[i]), replace=False)
         mask[i, r + np.searchsorted(shifted, r, side="right")] = True
+        note_draw("signds_selection", r, inside, signs[i:i + 1], nu[i:i + 1])
     return torch.from_numpy(mask).to(dev), signs, torch.from_numpy(nu).to(dev)
 
 
@@ -173,7 +177,9 @@ def discrete_laplace_values(values: torch.Tensor, mask: torch.Tensor, l1_sensiti
     spent = true_l1 / grid.step / scale_steps
     note(Release("discrete_laplace", epsilon=spent))
     kept = values[mask].double().clamp(-1.0, 1.0).cpu().numpy()
-    noisy = grid.encode(kept) + discrete_laplace(kept.size, scale_steps, rng)
+    drawn = discrete_laplace(kept.size, scale_steps, rng)
+    note_draw("discrete_laplace", drawn)
+    noisy = grid.encode(kept) + drawn
     out = torch.zeros_like(values)
     out[mask] = torch.from_numpy(grid.decode(noisy)).to(values.device, values.dtype)
     return out, spent
@@ -185,6 +191,7 @@ def laplace_values(values: torch.Tensor, mask: torch.Tensor, scale: float,
     row-major order), exactly 0 elsewhere; continuous float64 noise (FDL as published only)."""
     zeros = torch.zeros(int(mask.sum()), dtype=values.dtype)
     noise = laplace_noise_like(zeros, scale, generator).to(values.device)
+    note_draw("laplace", noise)
     out = torch.zeros_like(values)
     out[mask] = values[mask] + noise
     return out

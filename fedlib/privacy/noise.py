@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedlib.privacy.record import note_draw
 from fedlib.tree import Tree, tmap
 
 
@@ -66,8 +67,10 @@ class StepNoise:
     def draw(self, client: int, step: int) -> dict[str, torch.Tensor]:
         seed = int(np.random.SeedSequence([*self.key, client, step]).generate_state(1)[0])
         g = torch.Generator(device=self.device).manual_seed(seed)
-        return {name: torch.randn(shape, generator=g, device=self.device, dtype=self.dtype) * self.std
-                for name, shape in self.shapes}
+        noise = {name: torch.randn(shape, generator=g, device=self.device, dtype=self.dtype) * self.std
+                 for name, shape in self.shapes}
+        note_draw("dpsgd_step", *noise.values())
+        return noise
 
     def zeros(self) -> dict[str, torch.Tensor]:
         """The noise of a padded (inactive) step."""

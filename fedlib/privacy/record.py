@@ -4,7 +4,7 @@ A mechanism (:func:`fedlib.privacy.central.noisy_sum`, :func:`~fedlib.privacy.ce
 the local randomisers of :mod:`fedlib.privacy.local`, record-level DP-SGD's step noise) notes one
 :class:`Release` per call, computed from the parameters it used and the inputs it checked (the
 noise it drew against the sensitivity it verified), not from the configuration. The run's
-accountant is fed these records (:meth:`fedlib.run.Experiment.aggregate`), and each round they are
+accountant is fed these records (:meth:`fedlib.experiment.Experiment.aggregate`), and each round they are
 compared with what the algorithm promises for its configuration (``Algorithm.privacy_event``): a
 call site that adds half the noise, spends a per-draw budget k times, or skips a mechanism makes
 the two disagree, and the run stops with :class:`PrivacyMismatch` instead of publishing a false
@@ -17,11 +17,14 @@ a client's records travel back with its metrics as two numbers (:func:`client_su
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,49 @@ def note(release: Release) -> None:
     log = _LOG.get()
     if log is not None:
         log.append(release)
+
+
+@dataclass(frozen=True)
+class Draw:
+    """What one mechanism call drew, as the mechanism saw it: its first :data:`DRAW_HEAD` values and
+    a digest of all of them (float64 bytes). Tests of independence read these: two releases keyed
+    alike (the same round, client or step in a key) draw the same values, which a digest or a
+    correlation shows."""
+
+    mechanism: str
+    size: int
+    head: tuple[float, ...]
+    digest: str
+
+
+#: How many values of each draw a :class:`Draw` keeps.
+DRAW_HEAD = 64
+_DRAWS: ContextVar[list[Draw] | None] = ContextVar("fedlib_privacy_draws", default=None)
+
+
+@contextmanager
+def drawing() -> Iterator[list[Draw]]:
+    """Collect the draws of every mechanism called inside the ``with`` block (same thread; an engine
+    path that releases in worker processes does not report them). Outside one, nothing is kept."""
+    log: list[Draw] = []
+    token = _DRAWS.set(log)
+    try:
+        yield log
+    finally:
+        _DRAWS.reset(token)
+
+
+def note_draw(mechanism: str, *parts) -> None:
+    """Record the values a mechanism drew (numpy arrays or tensors, concatenated in order) in the
+    innermost :func:`drawing` block, if any."""
+    log = _DRAWS.get()
+    if log is None:
+        return
+    arrays = [np.asarray(p.detach().cpu().double() if hasattr(p, "detach") else p, dtype=np.float64).ravel()
+              for p in parts]
+    values = np.concatenate(arrays) if arrays else np.zeros(0)
+    log.append(Draw(mechanism, int(values.size), tuple(values[:DRAW_HEAD].tolist()),
+                    hashlib.sha256(values.tobytes()).hexdigest()))
 
 
 def combined_multiplier(records: list[Release]) -> float | None:
@@ -126,5 +172,5 @@ def check(declared, recorded_z: float | None, recorded_eps: float | None, where:
                               f"configuration promises {declared.epsilon:.6g}")
 
 
-__all__ = ["PrivacyMismatch", "Release", "SensitivityError", "check", "client_summary", "combined_multiplier",
-           "note", "recording", "total_epsilon"]
+__all__ = ["Draw", "PrivacyMismatch", "Release", "SensitivityError", "check", "client_summary",
+           "combined_multiplier", "drawing", "note", "note_draw", "recording", "total_epsilon"]
