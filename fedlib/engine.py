@@ -35,6 +35,7 @@ import math
 import multiprocessing as mp
 import os
 import signal
+import sys
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -43,6 +44,7 @@ from torch.func import vmap
 
 from fedlib.algorithms.base import RELEASE_PREFIX, Algorithm, RoundContext
 from fedlib.graphs import CaptureBackend, CapturedStep, capture_backend
+from fedlib.kernels import capture_failure, note_capture_failure
 from fedlib.privacy.noise import StepNoise, generator_for
 from fedlib.privacy.record import Release, client_summary, note, recording
 from fedlib.streams import Stream
@@ -413,12 +415,19 @@ def run_vectorized(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, works: lis
     lane_cx = runs.gather(run_of_row[current]) if runs.batched else runs.args
     s = init(ids, lane_cstate, lane_cx)
     captured = None
-    if capture is not None:
+    if capture is not None and capture_failure() is None:  # after a failed capture: eager
         active_steps = torch.from_numpy(row >= 0).to(device)  # (L, S), once: no copy per step
-        captured = CapturedStep(lambda sel: _selected_batch(x, y, sel),
-                                lambda st, b, c, cx: step(ids, st, b, c, cx),
-                                s, _selection(lp, 0, active_steps), lane_cstate, lane_cx, capture,
-                                tag=(type(algo).__name__, algo.config.key()))
+        try:
+            captured = CapturedStep(lambda sel: _selected_batch(x, y, sel),
+                                    lambda st, b, c, cx: step(ids, st, b, c, cx),
+                                    s, _selection(lp, 0, active_steps), lane_cstate, lane_cx, capture,
+                                    tag=(type(algo).__name__, algo.config.key()))
+        except Exception as e:  # noqa: BLE001 - never fatal: the eager step computes the same function
+            reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+            if note_capture_failure(reason):
+                print(f"warning: capturing the vectorized step failed ({reason}); it runs eagerly from "
+                      "now on (results record cuda_graphs_fell_back)", file=sys.stderr)
+            captured = None
     done_rows: list[torch.Tensor] = []
     done_out: list[Outputs] = []
     for j in range(S):

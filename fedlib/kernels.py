@@ -15,7 +15,25 @@ import os
 import torch
 
 #: fedlib's own speed options (process-wide, like PyTorch's flags): see :func:`set_kernel_options`.
-_OPTIONS = {"cuda_graphs": False}
+#: CUDA graphs are on by default on CUDA (issue 37): a capture that fails falls back to the eager
+#: step (:func:`note_capture_failure`), which the results record.
+_OPTIONS = {"cuda_graphs": True}
+#: Why the first capture of this process failed (empty: none failed); from then on the step is eager.
+_CAPTURE_FAILURE: list[str] = []
+
+
+def note_capture_failure(reason: str) -> bool:
+    """Record that a capture failed (the step runs eagerly from now on in this process); True the
+    first time, when the caller says so in one line."""
+    first = not _CAPTURE_FAILURE
+    if first:
+        _CAPTURE_FAILURE.append(reason)
+    return first
+
+
+def capture_failure() -> str | None:
+    """Why this process's first capture failed, or None."""
+    return _CAPTURE_FAILURE[0] if _CAPTURE_FAILURE else None
 
 
 def make_deterministic() -> None:
@@ -34,14 +52,16 @@ def kernel_settings() -> dict[str, bool]:
     """The CUDA kernel settings in force now that change a GPU run's numbers or speed:
     deterministic cuDNN algorithms, cuDNN autotuning (``cudnn_benchmark``; with
     ``cudnn_deterministic`` it chooses among deterministic algorithms only), TF32 in cuDNN
-    convolutions (PyTorch's default: on) and in float32 matmuls (default: off), and whether the
-    vectorized path replays its step as a CUDA graph (``cuda_graphs``, default: off). Every CUDA
+    convolutions (PyTorch's default: on) and in float32 matmuls (default: off), whether the
+    vectorized path replays its step as a CUDA graph (``cuda_graphs``, default: on) and whether a
+    capture failed so that the step ran eagerly instead (``cuda_graphs_fell_back``). Every CUDA
     result records them in its provenance (``kernels``): two settings may round differently."""
     return {"cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
             "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
             "cudnn_tf32": bool(torch.backends.cudnn.allow_tf32),
             "matmul_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-            "cuda_graphs": bool(_OPTIONS["cuda_graphs"])}
+            "cuda_graphs": bool(_OPTIONS["cuda_graphs"]),
+            "cuda_graphs_fell_back": capture_failure() is not None}
 
 
 def set_kernel_options(*, matmul_tf32: bool | None = None, cudnn_autotune: bool | None = None,
@@ -50,12 +70,12 @@ def set_kernel_options(*, matmul_tf32: bool | None = None, cudnn_autotune: bool 
     the settings now in force. Autotuning keeps cuDNN's deterministic flag: it picks the fastest
     *deterministic* algorithm for each shape, timed at first use, so which one it picks (and the
     last bits of the numbers) may differ between processes; TF32 rounds matmul inputs to 10-bit
-    mantissas; CUDA graphs replay the recorded kernels of a step with one launch. None is the
-    default: issue 24 keeps what measures faster on a GPU
-    (``python -m lab.bench --matmul-tf32 --cudnn-autotune --cuda-graphs``) and stays
-    correct."""
+    mantissas; CUDA graphs replay the recorded kernels of a step with one launch (setting it again
+    forgets an earlier capture failure). The defaults are what measures fastest on a GPU
+    (``python -m lab.bench --matmul-tf32 --cudnn-autotune --cuda-graphs``) and stays correct."""
     if cuda_graphs is not None:
         _OPTIONS["cuda_graphs"] = bool(cuda_graphs)
+        _CAPTURE_FAILURE.clear()
     if matmul_tf32 is not None:
         torch.backends.cuda.matmul.allow_tf32 = bool(matmul_tf32)
     if cudnn_tf32 is not None:
@@ -66,5 +86,6 @@ def set_kernel_options(*, matmul_tf32: bool | None = None, cudnn_autotune: bool 
 
 
 def cuda_graphs_enabled() -> bool:
-    """Whether the ``cuda_graphs`` option is on (see :func:`set_kernel_options`)."""
-    return _OPTIONS["cuda_graphs"]
+    """Whether the step is captured: the ``cuda_graphs`` option is on (see
+    :func:`set_kernel_options`) and no capture of this process has failed."""
+    return _OPTIONS["cuda_graphs"] and not _CAPTURE_FAILURE

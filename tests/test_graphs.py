@@ -148,3 +148,37 @@ def test_cuda_graphs_only_where_asked_and_on_a_gpu(restore_kernels):
     set_kernel_options(cuda_graphs=True)
     assert capture_backend(torch.device("cpu")) is None  # no graphs on a CPU: the eager loop
     assert type(capture_backend(torch.device("cuda"))).__name__ == "CudaGraphs"
+
+
+class _FailingCapture(EagerReplay):
+    """A backend whose recording fails (as a CUDA capture can: an operation not allowed while a
+    stream captures, a library that initialises lazily inside the graph)."""
+
+    def capture(self, fn):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_a_failed_capture_falls_back_to_the_eager_step_once_and_is_recorded(capsys, restore_kernels):
+    """Never fatal: the round runs eagerly with the same result, one warning line is printed (not
+    one per round), later rounds do not try again, and the settings a result records say so."""
+    from fedlib.kernels import kernel_settings
+
+    set_kernel_options(cuda_graphs=True)  # forgets any earlier failure of this process
+    assert kernel_settings()["cuda_graphs_fell_back"] is False
+    cfg = BASE.replace(algorithm="scaffold")
+    tried = []
+
+    class Counting(_FailingCapture):
+        def capture(self, fn):
+            tried.append(1)
+            super().capture(fn)
+
+    fell_back = _train(cfg, Counting(), 2)
+    assert _equal(fell_back, _train(cfg, None, 2))
+    err = capsys.readouterr().err
+    assert err.count("warning: capturing the vectorized step failed (RuntimeError: operation not") == 1
+    assert len(tried) == 1  # round 2 did not try again
+    assert kernel_settings()["cuda_graphs_fell_back"] is True
+    assert capture_backend(torch.device("cpu")) is None
+    set_kernel_options(cuda_graphs=True)
+    assert kernel_settings()["cuda_graphs_fell_back"] is False
