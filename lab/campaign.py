@@ -271,6 +271,41 @@ def total_minutes(per_page: dict[str, list[Config]], kind: str, root: Path | Non
     return sum(estimate_s(c, per_sample, rc) for c in configs) / 60, len(configs)
 
 
+def trained_summary(profile: str = "paper", root: Path | None = None) -> list[dict]:
+    """Per study: the distinct configurations its pages need at ``profile``, how many are trained
+    (a result that verifies), on which devices (from each result's provenance) and the hours of
+    training those results record (``meta.duration_s``, resumed runs included)."""
+    from studies import PAPER_NAMES, page_study
+
+    per_study: dict[str, dict[str, Config]] = defaultdict(dict)
+    for page, cs in needed(profile).items():
+        for c in cs:
+            per_study[page_study(page)][c.key()] = c
+    rows = []
+    for study, cs in per_study.items():
+        devices: dict[str, int] = defaultdict(int)
+        hours = 0.0
+        for c in cs.values():
+            if result_status(c, root) != "present":
+                continue
+            meta = Result.load(result_path(c, root), expect=c).meta
+            devices["GPU" if str(meta.get("device", "")).startswith("cuda") else "CPU"] += 1
+            hours += float(meta.get("duration_s", 0.0)) / 3600
+        rows.append({"study": PAPER_NAMES[study], "needed": len(cs), "trained": sum(devices.values()),
+                     "devices": dict(sorted(devices.items())), "hours": hours})
+    return rows
+
+
+def trained_sentence(rows: list[dict]) -> str:
+    """One sentence of :func:`trained_summary` (the README's and the rerun page's)."""
+    parts = []
+    for r in rows:
+        where = " and ".join(f"{n:,} on a {d}" for d, n in r["devices"].items())
+        parts.append(f"{r['study']} {r['trained']:,} of {r['needed']:,}" + (f" ({where})" if where else ""))
+    total = sum(r["trained"] for r in rows), sum(r["needed"] for r in rows)
+    return f"{total[0]:,} of {total[1]:,} configurations trained: " + "; ".join(parts)
+
+
 # ---- training in slices -----------------------------------------------------------------------------
 def groups(configs: list[Config], per_sample: float | None,
            record_cost: float = RECORD_DP_COST) -> list[list[Config]]:
@@ -546,6 +581,8 @@ def _print_plan(args) -> None:
         print(f"{r['step']:>4}  {r['page']:<20} {r['missing']:>7}  {est:>7}  {claim}")
     settled, total = sum(1 for r in claims if r["step"] == 0), sum(1 for r in claims if r["claim"])
     print(f"claims already settled by the results present: {settled} of {total}")
+    if not args.pages and args.seeds is None:
+        print(trained_sentence(trained_summary(args.profile)))
     per_page = needed(args.profile, args.pages, args.seeds)
     bad = invalid(per_page)
     for path, reason in bad:

@@ -344,3 +344,26 @@ def test_record_dp_cost_is_the_devices_own_where_a_benchmark_measured_it(tmp_pat
     record = TINY.replace(algorithm="moon_dpap", dp="record", dp_epsilon_total=10.0, dp_schedule="constant")
     assert campaign.estimate_s(record, 1e-3, 2.5) == pytest.approx(campaign.estimate_s(record, 1e-3, 5.0) / 2)
     assert campaign.estimate_s(TINY, 1e-3, 2.5) == campaign.estimate_s(TINY, 1e-3, 5.0)  # no record DP
+
+
+def test_the_readme_states_what_is_trained_at_paper_as_the_results_say():
+    """The README's count of paper-scale results is the committed results' (a new result that lands
+    without the README line updated fails here)."""
+    from fedlib.results import REPO_ROOT
+
+    rows = campaign.trained_summary("paper", REPO_ROOT / "data" / "results")
+    sentence = campaign.trained_sentence(rows)
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert sentence + "." in readme, f"README.md should say: {sentence}."
+    assert sum(r["trained"] for r in rows) > 0
+
+
+def test_trained_summary_counts_devices_from_provenance(pages, tmp_path, monkeypatch):
+    from fedlib.run import run
+
+    monkeypatch.setattr("studies.page_study", lambda page: "fdl")
+    run(TINY, root=tmp_path, progress=False, device="cpu")
+    rows = campaign.trained_summary("smoke", tmp_path)
+    assert rows == [{"study": "FDL", "needed": 3, "trained": 1, "devices": {"CPU": 1},
+                     "hours": rows[0]["hours"]}]
+    assert campaign.trained_sentence(rows) == "1 of 3 configurations trained: FDL 1 of 3 (1 on a CPU)"
