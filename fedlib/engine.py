@@ -45,6 +45,7 @@ from torch.func import vmap
 from fedlib.algorithms.base import RELEASE_PREFIX, Algorithm, RoundContext
 from fedlib.graphs import CaptureBackend, CapturedStep, capture_backend
 from fedlib.kernels import capture_failure, note_capture_failure
+from fedlib.privacy.discrete import rng_for
 from fedlib.privacy.noise import StepNoise, generator_for
 from fedlib.privacy.record import Release, client_summary, note, recording
 from fedlib.streams import Stream
@@ -157,7 +158,7 @@ def make_poisson_plan(client_indices: list[np.ndarray], client_ids: list[int], k
     batches: list[list[np.ndarray]] = []
     for idx, key in zip(client_indices, keys, strict=True):
         n = len(idx)
-        rng = np.random.default_rng(list(key))
+        rng = rng_for(*key)  # the same stream as default_rng(list(key)); its key is recorded
         q, k = min(1.0, batch_size / n), math.ceil(epochs * n / batch_size)
         batches.append([idx[rng.random(n) < q] for _ in range(k)])
     width = max(1, max(len(chunk) for b in batches for chunk in b))

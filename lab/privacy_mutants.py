@@ -8,7 +8,14 @@ regions, each saying why), only lines the privacy tests cover, and the test comm
 tests (``tests/test_privacy*.py``, ``test_local_dp``, ``test_discrete``, ``test_dpsgd``,
 ``test_call_sites``, ``test_dp_fedavg``; heavy audits and the tests that edit source text by hand
 left out). Each mutant is one small edit (a flipped comparison, a changed constant, a dropped
-argument); the tests must fail for it ("killed").
+argument); the tests must fail for it ("killed"). The Flower code that applies the mechanisms
+(``fedlib/flower/client.py``, ``server.py``, ``records.py``) is in scope too; the in-process Flower
+test (``tests/test_flower_inprocess.py``) runs it where mutmut can see it.
+
+mutmut never edits the integers that key a random stream (a round replaced by a constant adds the
+same noise in every round): :mod:`lab.key_mutants` makes those edits at every key site and runs the
+same tests against each, after mutmut, in the same work folder; its mutants (named ``key:...``)
+join the report and its counts like mutmut's.
 
 A mutant the tests do not kill is either a gap (write the test that kills it) or *equivalent*: it
 changes no released distribution (an error message, a dtype the next line casts back, a boundary
@@ -38,6 +45,7 @@ import tomllib
 from pathlib import Path
 
 from fedlib.results import REPO_ROOT, atomic_write_bytes, git_commit
+from lab import key_mutants
 
 REPORT = REPO_ROOT / "data" / "audits" / "privacy-mutants.json"
 
@@ -86,7 +94,7 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
           "numpy's Generator.integers(2) draws from [0, 2), the same call as integers(0, 2)"),
     _swap(_LOCAL, "top = torch.topk(signs[:, None] * updates, k, dim=1).indices.cpu().numpy()",
           ", dim=1)", ", )", "the updates are 2-d (m, d): torch.topk's default dim, -1, is dim 1"),
-    _swap(_LOCAL, "mask[i, top[i, rng.choice(k, size=min(int(nu[i]), k), replace=False)]] = True",
+    _swap(_LOCAL, "inside = rng.choice(k, size=min(int(nu[i]), k), replace=False)",
           "replace=False", "replace=None", _NO_REPLACE),
     _swap(_LOCAL, "r = rng.choice(d - k, size=h - int(nu[i]), replace=False)",
           "replace=False", "replace=None", _NO_REPLACE),
@@ -95,8 +103,7 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
           "the probabilities are normalised in float64 (logsumexp), so their sum is 1 within ~1e-15: "
           "dividing or multiplying by it changes each by a factor 1 +- 1e-15, and numpy's choice "
           "renormalises its cumulative sum anyway"),
-    _swap(_LOCAL, "noisy = grid.encode(kept) + discrete_laplace(kept.size, scale_steps, rng)",
-          " + discrete", " - discrete",
+    _swap(_LOCAL, "noisy = grid.encode(kept) + drawn", " + drawn", " - drawn",
           "the discrete Laplace is symmetric about 0: adding -X releases the same distribution as adding X"),
     _swap(_LOCAL,
           "true_l1 = 2.0 * float(mask.reshape(-1, mask.shape[-1]).sum(-1).max()) if mask.numel() else 0.0",
@@ -125,8 +132,8 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
             "n (k or d - k) is the same for every tau, so lgamma(n + 1), float32 or float64, is one "
             "constant in every log-weight, removed by the normalisation (up to float64 rounding, ~1e-10)")
       for new in ("dtype=None", "")],
-    ("fedlib/privacy/local.py", "return torch.topk(scores, k, dim=-1).indices",
-     "return torch.topk(scores, k, ).indices",
+    ("fedlib/privacy/local.py", "return torch.topk(log_weights.double() + noise, k, dim=-1).indices",
+     "return torch.topk(log_weights.double() + noise, k, ).indices",
      "torch.topk's dim defaults to -1, the same dimension the argument names"),
     ("fedlib/privacy/clipping.py",
      "scale = torch.where(norm > clip, clip / norm.clamp_min(clip), torch.ones_like(norm))",
@@ -303,7 +310,7 @@ def copy_repository(target: Path, source: Path = REPO_ROOT) -> None:
     verdicts stay valid for every function that did not change) and its log. Copies keep their
     modification times, which is how mutmut tells which files changed."""
     for old in target.iterdir():
-        if old.name not in ("mutants", "mutmut.log", TESTS_MARK, SOURCE_MARK):
+        if old.name not in ("mutants", "mutmut.log", TESTS_MARK, SOURCE_MARK, key_mutants.VERDICTS):
             shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=source,
                            capture_output=True, check=True).stdout.split(b"\0")
@@ -438,8 +445,12 @@ def run(workdir: Path | None = None, budget_min: float | None = None, source: Pa
               file=sys.stderr)
     atomic_write_bytes(tmp / SOURCE_MARK, json.dumps({"commit": commit}).encode())
     reset_interrupted(tmp)
+    budget_s = None if budget_min is None else budget_min * 60
     with open(tmp / "mutmut.log", "a") as log:
-        finished = _mutmut_run(tmp, _env(), log, None if budget_min is None else budget_min * 60, list(names))
+        finished = _mutmut_run(tmp, _env(), log, budget_s, list(names))
+        if finished and not names:  # then the key mutants (lab.key_mutants), in what is left
+            left = None if budget_s is None else max(0.0, budget_s - (time.time() - start))
+            finished = key_mutants.test_pending(tmp, tests_fingerprint(tmp), left, log)
     report = build_report(tmp, finished, minutes=round((time.time() - start) / 60, 1))
     if workdir is None:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -477,6 +488,7 @@ def build_report(workdir: Path, finished: bool = True, minutes: float | None = N
             why = equivalence(mt["file"], old, new)
             if why:
                 mt["equivalent"] = why
+    mutants += key_mutants.entries(workdir, tests_fingerprint(workdir))
     source = workdir / SOURCE_MARK
     return {
         "tool": "mutmut " + _mutmut(["--version"], workdir, env).strip().split()[-1],
@@ -521,6 +533,12 @@ def describe(report: dict | None) -> str:
             f"timed out), {report['equivalent']:,} survivors are argued equivalent (they change no "
             f"released distribution) and {report['unexplained']:,} survivors are unexplained, gaps "
             f"in the tests. Score {report['score']:.1%} (detected over checked non-equivalent).")
+    keys = [mt for mt in report["mutants"] if mt.get("operator")]
+    if keys:
+        text += (f" {len(keys):,} of the mutants are key mutations, which mutmut does not make: a round, "
+                 f"step or client index in a privacy stream's key replaced by a constant, an element "
+                 f"of a key dropped, or two mechanisms' streams swapped "
+                 f"({sum(mt['status'] in DETECTED for mt in keys):,} detected).")
     if not report["complete"]:
         text += (f" **The run is incomplete**: {report['generated'] - report['checked']:,} mutants "
                  f"are not checked yet, so the score covers only part of the code; "
@@ -529,6 +547,26 @@ def describe(report: dict | None) -> str:
 
 
 WORKDIR = REPO_ROOT / ".mutants"
+
+
+def run_keys(patterns: list[str]) -> int:
+    """Test the key mutants matching ``patterns`` in a fresh copy of the repository and print each
+    verdict (a developer's check; ``run`` tests them all and writes the report). Exit 1 if one
+    survives without an argument."""
+    with tempfile.TemporaryDirectory(prefix="fedlib-key-mutants-") as tmp:
+        work = Path(tmp)
+        copy_repository(work)
+        sha = tests_fingerprint(work)
+        names = {m.name for m in key_mutants.chosen(patterns, work)}
+        key_mutants.skip_all_but(work, sha, names)
+        key_mutants.test_pending(work, sha, log=sys.stdout)
+        mine = [e for e in key_mutants.entries(work, sha) if e["name"] in names]
+    survivors = [e for e in mine if e["status"] not in DETECTED]
+    for e in survivors:
+        argued = f" (argued: {e['equivalent'][:80]}...)" if "equivalent" in e else ""
+        print(f"{e['status']}: {e['name']}{argued}")
+    print(f"{len(mine) - len(survivors)} of {len(mine)} detected")
+    return 1 if any("equivalent" not in e for e in survivors) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -547,11 +585,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="mutmut's wall-time limit per mutant, as a multiple of its tests' time "
                         "(raise it on a busy machine; default: pyproject.toml's)")
     r.add_argument("--out", type=Path, default=REPORT)
+    k = sub.add_parser("keys", help="test only key mutants (lab.key_mutants) in a fresh copy and print "
+                                    "each verdict; writes no report")
+    k.add_argument("--only", nargs="+", default=["*"], metavar="GLOB",
+                   help="only the key mutants whose names match (python -m lab.key_mutants lists them)")
     b = sub.add_parser("report", help="write the report of the verdicts kept in a work folder, "
                                       "running nothing")
     b.add_argument("--workdir", type=Path, default=WORKDIR)
     b.add_argument("--out", type=Path, default=REPORT)
     args = p.parse_args(argv)
+    if args.command == "keys":
+        if not key_mutants.chosen(args.only):
+            p.error(f"no key mutant matches {args.only}")
+        return run_keys(args.only)
     if args.command == "report":
         if not (args.workdir / "mutants").is_dir():
             p.error(f"{args.workdir} holds no mutmut verdicts (no mutants/ folder)")

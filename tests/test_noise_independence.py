@@ -12,8 +12,12 @@ digest of all of them), not from a re-derivation of its keys. Then:
   independent draws r is about N(0, 1/64) (sd 0.125), so 0.75 is 6 sd: a chance failure has
   probability about 2e-9 per pair (a few thousand pairs here), and the draws are seeded, so a
   passing case passes on every machine;
-* a second configuration differing only in a privacy setting draws anew (its draws join the
-  comparison).
+* no generator of one kind (torch or numpy) is seeded twice from the same key
+  (:class:`fedlib.privacy.record.DrawLog`): two mechanisms that share a stream (a stream id dropped
+  from the key, or swapped for another's) draw correlated noise even where one of them draws too
+  few values for a digest or a correlation to show it (adaptive clipping's count draws one);
+* a second configuration differing only in a privacy setting draws anew (its draws and keys join
+  the comparison).
 
 The cases are the algorithms of the registry that state a privacy guarantee: an algorithm added
 later with one and no case here fails :func:`test_every_private_algorithm_has_a_case`.
@@ -31,7 +35,7 @@ from fedlib import Config
 from fedlib.algorithms import ALGORITHMS, Algorithm
 from fedlib.engine import Executor
 from fedlib.experiment import Experiment
-from fedlib.privacy.record import Draw, drawing
+from fedlib.privacy.record import Draw, DrawLog, drawing
 
 SMOKE = dict(clients=4, train_samples=400, test_samples=100, rounds=2, min_client_samples=20, lr=0.05,
              momentum=0.0, profile="smoke", model="mlp")
@@ -66,12 +70,18 @@ EXPECTED = {
 MAX_ABS_R = 0.75
 
 
-def draws_of(config: Config, rounds: int) -> list[Draw]:
+def draws_of(config: Config, rounds: int) -> DrawLog:
     exp = Experiment(config, torch.device("cpu"))
     with drawing() as log, Executor("sequential", exp.algo, exp.data.x_train, exp.data.y_train) as ex:
         for t in range(rounds):
             exp.round(t, ex)
-    return list(log)
+    return log
+
+
+def repeated_keys(keys: list[tuple[str, tuple[int, ...]]]) -> list[tuple[str, tuple[int, ...]]]:
+    """The (kind, key) pairs that seeded more than one generator."""
+    seen: set = set()
+    return [k for k in keys if k in seen or seen.add(k)]
 
 
 def dependent_pairs(draws: list[Draw]) -> list[tuple[int, int, str]]:
@@ -121,3 +131,11 @@ def test_noise_is_never_drawn_twice(name):
     draws = first + second
     bad = dependent_pairs(draws)
     assert not bad, bad[:5]
+    assert first.keys and second.keys
+    again = repeated_keys(first.keys + second.keys)
+    assert not again, f"{len(again)} generator key(s) used twice, e.g. {again[0]}"
+
+
+def test_the_key_check_finds_a_shared_stream():
+    assert repeated_keys([("torch", (1, 2, 3)), ("numpy", (1, 2, 3)), ("torch", (1, 2, 4))]) == []
+    assert repeated_keys([("torch", (1, 2, 3)), ("torch", (1, 2, 3))]) == [("torch", (1, 2, 3))]

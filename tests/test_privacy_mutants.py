@@ -2,12 +2,14 @@
 report, and one real mutmut run on a toy repository with a known survivor."""
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
+from fedlib.results import REPO_ROOT
 from lab import privacy_mutants as pm
 
 
@@ -75,7 +77,6 @@ def test_only_release_labels_are_equivalent_by_rule():
 def test_every_equivalence_argument_is_about_a_line_that_exists():
     """An argued survivor is matched on its source line: each entry's original line must still be
     in its file, and its mutated line must differ, or the argument is about code that is gone."""
-    from fedlib.results import REPO_ROOT
 
     for file, old, new, why in pm.EQUIVALENT:
         lines = {line.strip() for line in (REPO_ROOT / file).read_text().splitlines()}
@@ -240,3 +241,61 @@ def test_a_run_without_mutmut_or_without_mutants_is_an_error_not_an_empty_report
     monkeypatch.setattr(pm, "_mutmut_run", lambda *a, **k: True)  # mutmut ran and made nothing
     with pytest.raises(RuntimeError, match="no mutants"):
         pm.run(tmp_path / "work", source=toy_repository)
+
+
+# ---- key mutations (lab.key_mutants) ------------------------------------------------------------
+def test_every_privacy_key_call_in_the_source_is_a_key_site():
+    """Cross-checked against a plain text scan: every line of the key files that calls a key
+    function with a privacy stream (or passes a ``*seed`` on) is a site, and no public stream is."""
+    from lab import key_mutants as km
+
+    at = {(s.file, s.line) for s in km.sites()}
+    calls = re.compile(r"\b(noise_seed|generator_for|StepNoise)\((Stream\.(\w+)|\*seed|self\.noise_seed)")
+    expected = set()
+    for rel in km.KEY_FILES:
+        for n, line in enumerate((REPO_ROOT / rel).read_text().splitlines(), 1):
+            m = calls.search(line)
+            if m and not line.lstrip().startswith(("def ", "#")) and m.group(3) not in km.PUBLIC_STREAMS:
+                expected.add((rel, n))
+    assert expected and expected <= at, sorted(expected - at)
+    assert not [s for s in km.sites() if {"BATCHES", "DROPOUT", "SAMPLING"} & {
+        getattr(e, "attr", None) for e in s.elements}]
+    assert {s.file for s in km.sites()} >= {*km.FLOWER_FILES, "fedlib/algorithms/base.py"}
+
+
+def test_the_issues_example_and_each_operator_are_made():
+    from lab import key_mutants as km
+
+    found = km.mutants()
+    by_op = {op: [m for m in found if m.operator == op] for op in ("constant", "drop", "stream")}
+    assert all(by_op.values())
+    central = [m for m in by_op["constant"] if m.file == "fedlib/algorithms/moon_dpap.py"
+               and "CENTRAL_NOISE" in m.lines((REPO_ROOT / m.file).read_text())[0]]
+    assert len(central) == 1
+    old, new = central[0].lines((REPO_ROOT / central[0].file).read_text())
+    assert "noise_seed(Stream.CENTRAL_NOISE, ctx.t)" in old and "noise_seed(Stream.CENTRAL_NOISE, 0)" in new
+    swap = [m for m in by_op["stream"] if m.file == "fedlib/algorithms/dp_fedavg.py"
+            and m.old == "Stream.DP_FEDAVG_NOISE" and m.new == "Stream.DP_FEDAVG_COUNT"]
+    assert len(swap) == 1
+    drop = [m for m in by_op["drop"] if m.file == "fedlib/privacy/noise.py" and "step" in m.old]
+    assert drop and "[*self.key, client]" in drop[0].apply((REPO_ROOT / drop[0].file).read_text())
+    flower = [m for m in found if m.file in km.FLOWER_FILES]
+    assert flower and {m.operator for m in flower} == {"constant"}
+    assert len({m.name for m in found}) == len(found)
+
+
+def test_a_key_mutant_refuses_a_source_that_changed():
+    from lab import key_mutants as km
+
+    m = km.mutants()[0]
+    with pytest.raises(ValueError, match="no longer reads"):
+        m.apply("x = 1\n" * (m.end_line + 1))
+
+
+def test_every_key_equivalence_argument_is_about_a_line_that_exists():
+    from lab import key_mutants as km
+
+    for file, old, _new, why in km.EQUIVALENT:
+        lines = {line.strip() for line in (REPO_ROOT / file).read_text().splitlines()}
+        assert old in lines or all(part in lines for part in old.split(" / ")), (file, old)
+        assert len(why) > 40

@@ -34,6 +34,7 @@ from fedlib.algorithms.base import Algorithm, Params, RoundContext
 from fedlib.config import Config
 from fedlib.privacy.central import AdaptiveClipping, noisy_sum
 from fedlib.privacy.clipping import clip_by_l2
+from fedlib.privacy.discrete import rng_for
 from fedlib.privacy.guarantee import GaussianEvent, Guarantee, Relation
 from fedlib.streams import Stream
 from fedlib.tree import Tree
@@ -79,7 +80,7 @@ class DpFedAvg(Algorithm):
         is keyed like the privacy noise, on the whole configuration, not on the seed alone."""
         if self.q >= 1:
             return list(range(self.config.clients))
-        rng = np.random.default_rng(list(self.noise_seed(Stream.POISSON, t)))
+        rng = rng_for(*self.noise_seed(Stream.POISSON, t))  # the same stream as default_rng(list(key))
         return np.flatnonzero(rng.random(self.config.clients) < self.q).tolist()
 
     def init_server_state(self, gparams: Params) -> Tree:

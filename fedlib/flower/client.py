@@ -79,6 +79,7 @@ class NodeClients:
         return run_sequential(self.algo, x, y, plan, stack([cstate]), ctx)
 
 
+# pragma: no mutate start (which data a node holds and plays, its thread count: not privacy code)
 def write_node_data(config: Config, clients: list[int], path: Path, experiment=None) -> Path:
     """The data owner's side: a file holding only ``clients``' training samples (in the order of their
     partition), for one SuperNode (see the module docstring), and every client's sample
@@ -137,6 +138,9 @@ def _job(msg: Message) -> tuple[dict, Config]:
     return job, Config.from_dict(json.loads(job["config"]))
 
 
+# pragma: no mutate end
+
+
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Tell the server which fedlib clients this node plays (and load their data)."""
@@ -150,6 +154,14 @@ def query(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """One round of the algorithm's local training for one of this node's clients."""
+    return train_reply(msg, context)
+
+
+def train_reply(msg: Message, context: Context) -> Message:
+    """The reply to a ``train`` message: the client's round (its local randomiser included, keyed on
+    the round and client the message names) and its new state kept in ``context.state``. Not
+    decorated, so that the mutation run of the privacy code can edit it (mutmut leaves decorated
+    functions alone)."""
     job, config = _job(msg)
     node = _node(config, context)
     cid, t = int(job["client"]), int(job["round"])

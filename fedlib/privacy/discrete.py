@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedlib.privacy.record import note_key
+
 #: How finely values are represented: the grid step is 2^-GRID_BITS times the largest value
 #: (the clip norm), so rounding moves a coordinate by at most 2^-(GRID_BITS+1) of it.
 GRID_BITS = 30
@@ -39,6 +41,7 @@ _U53 = 2.0**-53
 
 def rng_for(*parts: int) -> np.random.Generator:
     """A numpy generator seeded from a tuple of integers (e.g. config key, stream, round)."""
+    note_key("numpy", parts)
     return np.random.default_rng(np.random.SeedSequence(list(parts)))
 
 

@@ -7,13 +7,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedlib.privacy.record import note_draw
+from fedlib.privacy.record import note_draw, note_key
 from fedlib.tree import Tree, tmap
 
 
 def generator_for(*parts: int) -> torch.Generator:
     """A CPU generator seeded from a tuple of integers (e.g. seed, stream, round, client), so
     each source of randomness has its own reproducible stream on every engine path."""
+    note_key("torch", parts)
     seed = int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
     return torch.Generator().manual_seed(seed)
 
@@ -65,6 +66,7 @@ class StepNoise:
     sensitivity: float = 1.0
 
     def draw(self, client: int, step: int) -> dict[str, torch.Tensor]:
+        note_key("torch", (*self.key, client, step))
         seed = int(np.random.SeedSequence([*self.key, client, step]).generate_state(1)[0])
         g = torch.Generator(device=self.device).manual_seed(seed)
         noise = {name: torch.randn(shape, generator=g, device=self.device, dtype=self.dtype) * self.std

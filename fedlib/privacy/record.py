@@ -87,19 +87,41 @@ class Draw:
 
 #: How many values of each draw a :class:`Draw` keeps.
 DRAW_HEAD = 64
-_DRAWS: ContextVar[list[Draw] | None] = ContextVar("fedlib_privacy_draws", default=None)
+class DrawLog(list):
+    """The draws of a :func:`drawing` block (a list of :class:`Draw`), and in ``keys`` the key of
+    every keyed generator built in it, as ``(kind, key)``: ``kind`` is the generator's algorithm
+    (``torch`` for :func:`fedlib.privacy.noise.generator_for` and record-level step noise,
+    ``numpy`` for :func:`fedlib.privacy.discrete.rng_for`), ``key`` the integers it was seeded from.
+    Two generators of one kind built from the same key produce the same stream: two releases that
+    share it are correlated even where their draws are too short to show it."""
+
+    def __init__(self):
+        super().__init__()
+        self.keys: list[tuple[str, tuple[int, ...]]] = []
+
+
+_DRAWS: ContextVar[DrawLog | None] = ContextVar("fedlib_privacy_draws", default=None)
 
 
 @contextmanager
-def drawing() -> Iterator[list[Draw]]:
-    """Collect the draws of every mechanism called inside the ``with`` block (same thread; an engine
-    path that releases in worker processes does not report them). Outside one, nothing is kept."""
-    log: list[Draw] = []
+def drawing() -> Iterator[DrawLog]:
+    """Collect the draws of every mechanism called inside the ``with`` block, and the keys of the
+    generators they drew from (same thread; an engine path that releases in worker processes does
+    not report them). Outside one, nothing is kept."""
+    log = DrawLog()
     token = _DRAWS.set(log)
     try:
         yield log
     finally:
         _DRAWS.reset(token)
+
+
+def note_key(kind: str, parts) -> None:
+    """Record that a generator of ``kind`` was seeded from the integers ``parts`` (see
+    :class:`DrawLog`), in the innermost :func:`drawing` block, if any."""
+    log = _DRAWS.get()
+    if log is not None:
+        log.keys.append((kind, tuple(int(p) for p in parts)))
 
 
 def note_draw(mechanism: str, *parts) -> None:

@@ -1,0 +1,126 @@
+"""The Flower apps driven in one process: no Ray, no network, real Flower messages.
+
+:class:`InProcessGrid` hands each message of :class:`fedlib.flower.server.FedlibStrategy` to
+``fedlib.flower.client.app`` directly, one ``Context`` per virtual node, so the Flower code runs in
+the test process, where the mutation run sees it (it traces only this process) and where each
+mechanism's record of what it drew (:func:`fedlib.privacy.record.drawing`) can be read. It takes
+about a second per algorithm, fast enough for the mutation run's test selection.
+
+For every private algorithm of the registry (the cases of ``test_noise_independence``), two rounds
+through Flower give the engine's sequential path **bit for bit**: the same clients sampled, the same
+noise draws in the same order (by digest), the same privacy spent, the same global model
+(``torch.equal``: one thread and the same order of operations on both sides). So the Flower code
+hands every mechanism the round and client the engine does: a key edited there (a round or client
+replaced by a constant) fails here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("flwr", reason="the Flower extra is not installed (make test installs it)")
+
+from flwr.app import Context, RecordDict  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+from test_noise_independence import CASES  # noqa: E402
+
+from fedlib.engine import Executor  # noqa: E402
+from fedlib.experiment import Experiment  # noqa: E402
+from fedlib.privacy.record import drawing  # noqa: E402
+
+
+class InProcessGrid:
+    """The part of Flower's ``Grid`` that :class:`FedlibStrategy` uses, delivering each message to
+    the ClientApp in this process. Node ``i + 1`` plays fedlib client ``i`` (a simulation node)."""
+
+    def __init__(self, clients: int):
+        self.contexts = {i + 1: Context(run_id=1, node_id=i + 1, node_config={"partition-id": i},
+                                        state=RecordDict(), run_config={}) for i in range(clients)}
+        self.delivered: list[tuple[str, int]] = []
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.contexts)
+
+    def send_and_receive(self, messages, *, timeout: float | None = None) -> list:
+        from fedlib.flower import client
+
+        replies = []
+        for m in messages:
+            self.delivered.append((m.metadata.message_type, m.metadata.dst_node_id))
+            replies.append(client.app(m, self.contexts[m.metadata.dst_node_id]))
+        return replies
+
+
+@pytest.fixture
+def task_identity():
+    """A Flower message needs the run's identity (set by Flower's runtimes in their processes)."""
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+
+
+def through_flower(config, rounds: int):
+    """(global model, each round's record, the draws) of ``rounds`` rounds through Flower's apps."""
+    from fedlib.flower import client
+    from fedlib.flower.records import to_records
+    from fedlib.flower.server import FedlibStrategy, discover
+
+    client._CACHE.clear()
+    client._EXPERIMENTS.clear()
+    exp = Experiment(config.replace(rounds=rounds), torch.device("cpu"))
+    grid = InProcessGrid(config.clients)
+    history: list[dict] = []
+    with drawing() as draws:
+        strategy = FedlibStrategy(exp, discover(grid, exp.config), lambda t, rec, wall_s: history.append(rec))
+        strategy.start(grid, to_records(exp.gparams)[0], num_rounds=rounds)
+    return exp.gparams, history, list(draws)
+
+
+def through_engine(config, rounds: int):
+    exp = Experiment(config.replace(rounds=rounds), torch.device("cpu"))
+    history = []
+    with drawing() as draws, Executor("sequential", exp.algo, exp.data.x_train, exp.data.y_train) as ex:
+        for t in range(rounds):
+            history.append(exp.round(t, ex))
+    return exp.gparams, history, list(draws)
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # each Flower client sets one thread: the engine's sums the same way
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_flower_draws_the_engines_noise_and_gives_its_model(name, task_identity, one_thread):
+    config = CASES[name][0].validate()
+    model, history, draws = through_flower(config, rounds=2)
+    ref_model, ref_history, ref_draws = through_engine(config, rounds=2)
+    assert draws and [(d.mechanism, d.digest) for d in draws] == [(d.mechanism, d.digest) for d in ref_draws]
+    for key in ("clients", "epsilon_spent", "bytes_up"):
+        assert [h.get(key) for h in history] == [h.get(key) for h in ref_history], key
+    assert model.keys() == ref_model.keys()
+    for k in model:
+        assert torch.equal(model[k], ref_model[k]), f"{name}: {k}"
+
+
+def test_the_grid_sends_one_query_per_node_then_the_rounds_trains(task_identity, one_thread):
+    config = CASES["dp_fedavg fixed"][0].validate()
+    from fedlib.flower import client
+    from fedlib.flower.records import to_records
+    from fedlib.flower.server import FedlibStrategy, discover
+
+    client._CACHE.clear()
+    exp = Experiment(config.replace(rounds=2), torch.device("cpu"))
+    grid = InProcessGrid(config.clients)
+    rounds: list[dict] = []
+    FedlibStrategy(exp, discover(grid, exp.config), lambda t, rec, w: rounds.append(rec)).start(
+        grid, to_records(exp.gparams)[0], num_rounds=2)
+    queries = [n for kind, n in grid.delivered if kind == "query"]
+    trains = [n for kind, n in grid.delivered if kind == "train"]
+    assert sorted(queries) == sorted(grid.contexts)
+    assert len(trains) == sum(r["clients"] for r in rounds)
