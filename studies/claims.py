@@ -42,6 +42,21 @@ class Verdict(StrEnum):
     NOT_EVALUATED = "not evaluated"
 
 
+#: Methods and variants as a reader knows them (keys of the pages' run tables -> names).
+METHOD_NAMES = {
+    "fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "feddyn": "FedDyn", "moon": "MOON",
+    "ditto": "Ditto", "moon_dpap": "MOON-DPAP", "dp_fedavg": "DP-FedAvg", "ldp_fl": "LDP-FL",
+    "signds_fl": "SignDS-FL", "fdl": "FDL", "fdl_corrected": "corrected FDL", "noldp": "FedAvg without LDP",
+    "full": "full MOON-DPAP", "no_dynamic_lr": "without dynamic LR", "no_dropout": "without dropout",
+    "no_pruning": "without pruning", "no_all_three": "without all three",
+}
+
+
+def name_of(key) -> str:
+    """A method's (or variant's) name for a reader; other keys as they print."""
+    return METHOD_NAMES.get(key, f"{key:g}" if isinstance(key, float) else str(key))
+
+
 #: The classes that count as evidence about a paper.
 EVIDENCE = (Verdict.REPRODUCED, Verdict.PARTLY, Verdict.NOT_REPRODUCED)
 
@@ -175,18 +190,19 @@ def best_of(claim: str, best: str, by_seed: Mapping[str, Sequence[float]], profi
     in :func:`ordering`."""
     results = {k: ordering(claim, by_seed[best], v, profile, cut=cut)
                for k, v in by_seed.items() if k != best}
-    ours = "; ".join(f"vs {k}: {f.ours}" for k, f in results.items())
+    ours = "; ".join(f"vs {name_of(k)}: {f.ours}" for k, f in results.items())
     if profile == "smoke":
         return not_evaluated(claim, ours)
     behind = [k for k, f in results.items() if f.verdict is Verdict.NOT_REPRODUCED]
     if behind:
-        return Finding(claim, ours, Verdict.NOT_REPRODUCED, f"significantly behind {', '.join(behind)}")
+        return Finding(claim, ours, Verdict.NOT_REPRODUCED,
+                       f"significantly behind {', '.join(map(name_of, behind))}")
     open_ = [k for k, f in results.items() if f.verdict is not Verdict.REPRODUCED]
     if not open_:
         return Finding(claim, ours, Verdict.REPRODUCED, "ahead of every other method across seeds")
     cut_open = [k for k in open_ if results[k].reason.startswith("inconclusive at this profile")]
     first = cut_open[0] if cut_open else open_[0]
-    return Finding(claim, ours, Verdict.INCONCLUSIVE, f"vs {first}: {results[first].reason}")
+    return Finding(claim, ours, Verdict.INCONCLUSIVE, f"vs {name_of(first)}: {results[first].reason}")
 
 
 #: Two methods whose results differ by at most this many points in every seed are the same run in
@@ -344,7 +360,7 @@ def peak(claim: str, at: Hashable, by_seed: Mapping, profile: str) -> Finding:
     reproduced; otherwise inconclusive."""
     others = [k for k in by_seed if k != at]
     cis = {k: paired_ci(by_seed[at], by_seed[k]) for k in others}
-    ours = "; ".join(f"vs {k}: {_interval(*ci, ' pts')}" for k, ci in cis.items())
+    ours = "; ".join(f"vs {name_of(k)}: {_interval(*ci, ' pts')}" for k, ci in cis.items())
     if profile == "smoke":
         return not_evaluated(claim, ours)
     n = len(by_seed[at])

@@ -6,7 +6,8 @@ swaps the CNN for an MLP at ``quick``, DP-FL keeps 1,000 clients), and this modu
 
 * ``smoke``: seconds, for the tests; no verdict is evidence at this profile;
 * ``quick``: the default of ``make book`` on a 2-core CPU, reduced data and rounds;
-* ``paper``: the papers' own settings, meant for a GPU (``python -m lab.campaign``).
+* ``paper``: the papers' own settings (DP-FL: our federation's full profile; the article runs no
+  experiment), trained by the campaign (``python -m lab.campaign``) on a GPU or, claims first, on the CPU.
 """
 
 from __future__ import annotations
@@ -251,6 +252,10 @@ def fmt(mean: float, std: float, seeds: int, digits: int = 2) -> str:
     """``mean`` or ``mean ± std`` (several seeds)."""
     return f"{mean:.{digits}f}" if seeds < 2 else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
+
+#: The models as a reader knows them (``Config.model`` -> words).
+MODEL_LABELS = {"cnn": "MOON-DPAP's CNN", "mcmahan_cnn": "the CNN of McMahan et al.",
+                "mlp": "an MLP (784-100-10)"}
 
 #: Readable headers for the columns the pages compute (see :func:`readable`).
 HEADERS = {

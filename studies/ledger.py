@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedlib.results import REPO_ROOT, atomic_write_bytes, git_commit, results_dir
+from fedlib.results import REPO_ROOT, git_commit, results_dir, write_json_unless_stamps_only
 from studies.claims import EVIDENCE, Finding, Verdict
 from studies.common import into_book, scratch_dir
 
@@ -56,7 +56,8 @@ def record(
         "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "findings": [f.row() for f in findings],
     }
-    atomic_write_bytes(out, json.dumps(payload, indent=1).encode())
+    # a rebuild that changes no finding leaves the tracked file (and git) as it was
+    write_json_unless_stamps_only(out, payload, stamps=("commit", "time"))
     return out
 
 
@@ -140,6 +141,65 @@ def counts(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+#: The order in which verdicts are counted and listed: the evidence classes first, then what is
+#: open; sanity checks (true by construction) are counted apart.
+COUNT_ORDER = (Verdict.REPRODUCED, Verdict.PARTLY, Verdict.NOT_REPRODUCED, Verdict.INCONCLUSIVE,
+               Verdict.NOT_TESTABLE, Verdict.NOT_EVALUATED)
+
+#: What each verdict class means (the ledger's legend).
+MEANING = {
+    Verdict.REPRODUCED: "the claim holds in our runs",
+    Verdict.PARTLY: "the direction holds but not the size, or the bound is valid but loose",
+    Verdict.NOT_REPRODUCED: "our runs contradict it, including runs that fail under the paper's recipe",
+    Verdict.INCONCLUSIVE: "our evidence cannot decide it yet (the row says why)",
+    Verdict.NOT_TESTABLE: "the paper omits what a test needs",
+    Verdict.SANITY: "true by construction; not counted",
+    Verdict.NOT_EVALUATED: "smoke runs only",
+}
+
+
+def legend() -> str:
+    """The verdict classes with their badges (the same :func:`badge` as the table) and meanings."""
+    return "; ".join(f"{badge(v)} {MEANING[v]}" for v in (*COUNT_ORDER, Verdict.SANITY)) + "."
+
+
+def verdict_counts(df: pd.DataFrame, papers: list[str] | None = None) -> pd.DataFrame:
+    """One row per paper: its claims per verdict class in :data:`COUNT_ORDER` (a class nobody has,
+    "not evaluated", left out), their total, and the sanity checks apart; a last row sums them."""
+    papers = papers or list(dict.fromkeys(df["paper"]))
+    shown = [v for v in COUNT_ORDER if v is not Verdict.NOT_EVALUATED or (df["verdict"] == v).any()]
+    rows = []
+    for paper in papers:
+        g = df[df["paper"] == paper]
+        n = {v: int((g["verdict"] == v).sum()) for v in Verdict}
+        rows.append({"paper": paper, **{v.value: n[v] for v in shown},
+                     "claims": sum(n[v] for v in shown), "sanity checks (apart)": n[Verdict.SANITY]})
+    out = pd.DataFrame(rows)
+    total = {"paper": "all three papers", **{c: int(out[c].sum()) for c in out.columns if c != "paper"}}
+    return pd.concat([out, pd.DataFrame([total])], ignore_index=True)
+
+
+def _one_line(text) -> str:
+    return " ".join(str(text).split())
+
+
+def claims_table(df: pd.DataFrame, titles: dict[str, str]) -> str:
+    """One paper's findings as a two-column MyST table that fits the page: the verdict badge right
+    before the claim (with the page holding its evidence, the profile and seeds below it), and what
+    our code measured with the reason for the verdict."""
+    lines = [":::{list-table}", ":header-rows: 1", ":widths: 45 55", ":class: ledger-claims", "",
+             "* - verdict and claim", "  - what we measured, and why"]
+    for r in df.itertuples():
+        seeds = "" if pd.isna(r.seeds) else f", {int(r.seeds)} seed{'s' if int(r.seeds) != 1 else ''}"
+        lines += [f"* - {badge(r.verdict)} {_one_line(r.claim)}", "",
+                  f"    <small>evidence: [{_one_line(titles.get(r.page, r.page))}]({r.page}.ipynb) "
+                  f"({r.profile}{seeds})</small>",
+                  f"  - {_one_line(r.ours)}"]
+        if r.reason:
+            lines += ["", f"    <small>why: {_one_line(r.reason)}</small>"]
+    return "\n".join([*lines, ":::"])
+
+
 def page_titles() -> dict[str, str]:
     """Notebook stem -> the title of its page (its first heading)."""
     out = {}
@@ -182,39 +242,36 @@ def reduction(paper: str, profile: str) -> str:
     if cfg.clients != ref.clients:
         parts.append(f"{cfg.clients} of {ref.clients} clients")
     if cfg.model != ref.model:
-        parts.append(f"model {cfg.model} instead of {ref.model}")
+        from studies.common import MODEL_LABELS
+
+        label = lambda m: MODEL_LABELS.get(m, m)  # noqa: E731
+        parts.append(f"{label(cfg.model)} instead of {label(ref.model)}")
     parts.append(f"{seeds} seed{'s' if seeds != 1 else ''}" + (f" (paper profile: {ref_seeds})"
                                                                 if seeds != ref_seeds else ""))
     return ", ".join(parts)
 
 
 def bottom_line(df: pd.DataFrame, paper: str) -> str:
-    """Three sentences on one paper, from its findings: the count per class, what did not hold, and
-    what the evidence cannot decide yet."""
+    """Three short lines on one paper, from its findings: what could be judged and how, which claims
+    did not hold, and what is still open (and at which profile)."""
     rows = df[df["paper"] == paper]
     n = {v: int((rows["verdict"] == v).sum()) for v in Verdict}
+    counted = len(rows) - n[Verdict.SANITY]
     evidence = sum(n[v] for v in EVIDENCE)
-    first = (
-        f"Of {len(rows)} claims, {evidence} could be judged: {n[Verdict.REPRODUCED]} reproduced, "
-        f"{n[Verdict.PARTLY]} partly, {n[Verdict.NOT_REPRODUCED]} not reproduced"
-    )
-    extra = [
-        f"{n[v]} {v.value}"
-        for v in (Verdict.INCONCLUSIVE, Verdict.NOT_TESTABLE, Verdict.SANITY, Verdict.NOT_EVALUATED)
-        if n[v]
-    ]
-    first += " (" + ", ".join(extra) + ")." if extra else "."
+    untestable = n[Verdict.NOT_TESTABLE]
+    judged = (f"**Judged** {evidence} of {counted} claims: {n[Verdict.REPRODUCED]} reproduced, "
+              f"{n[Verdict.PARTLY]} partly, {n[Verdict.NOT_REPRODUCED]} not reproduced"
+              + (f"; {untestable} not testable as the paper states them" if untestable else "") + ".")
     failed = rows[rows["verdict"] == Verdict.NOT_REPRODUCED]
-    second = (
-        "Not reproduced: " + "; ".join(f"{r.claim} ({r.reason})" for r in failed.head(2).itertuples()) + "."
-        if len(failed)
-        else "No claim was contradicted by our evidence."
-    )
+    contradicted = ("**Not reproduced**: " + "; ".join(_one_line(c) for c in failed["claim"]) + "."
+                    if len(failed) else "**Not reproduced**: none of its claims.")
     open_ = rows[rows["verdict"] == Verdict.INCONCLUSIVE]
-    reasons = open_["reason"].value_counts()
-    third = (
-        f"Open: {len(open_)} claim(s), mostly because {reasons.index[0]}."
-        if len(open_)
-        else "No claim is left open."
-    )
-    return " ".join((first, second, third))
+    if len(open_):
+        by_profile = open_["profile"].value_counts()
+        where = ", ".join(f"{k} at `{p}`" for p, k in by_profile.items())
+        waiting = int(by_profile.drop("paper", errors="ignore").sum())
+        still = (f"**Open**: {len(open_)} inconclusive ({where})"
+                 + (f"; {waiting} of them wait for the `paper` profile" if waiting else "") + ".")
+    else:
+        still = "**Open**: nothing."
+    return "  \n".join((judged, contradicted, still))

@@ -185,7 +185,7 @@ def test_the_front_page_states_each_papers_reduction_from_the_configs():
 
     moon = ledger.reduction("MOON-DPAP", "quick")
     assert moon.startswith("20 of 200 rounds, 4,000 of 60,000 training images"), moon
-    assert "model mlp instead of mcmahan_cnn" in ledger.reduction("FDL", "quick")
+    assert "an MLP (784-100-10) instead of the CNN of McMahan et al." in ledger.reduction("FDL", "quick")
     dpfl = ledger.reduction("DP-FL analysis", "paper")
     assert dpfl.startswith("all 100 rounds, all 60,000 training images"), dpfl
     with pytest.raises(KeyError):

@@ -64,7 +64,7 @@ def fig3(runs: Runs, profile: str, untrained_pct: float, snr: float) -> list[Fin
         privacy = (f"; true epsilon per client over the run: LDP-FL {true['ldp_fl']:.2g}, SignDS-FL "
                    f"{true['signds_fl']:.2g}, FDL as published infinite")
         reason = found.reason
-        if "ldp_fl" in reason and true["ldp_fl"] > 100 * top:
+        if c.name_of("ldp_fl") in reason and true["ldp_fl"] > 100 * top:
             reason += (f" (whose guarantee is {true['ldp_fl']:.2g}, not {top:g}: the nominal epsilons "
                        "are not the same privacy)")
         rows.append(c.Finding(found.claim, found.ours + privacy, found.verdict, reason))

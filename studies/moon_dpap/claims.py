@@ -31,15 +31,8 @@ def cut(profile: str) -> str | None:
 #: Why MOON and FedAvg must coincide here: the contrastive term is weighted by mu = 0.01.
 MOON_INERT = "MOON's contrastive term, weighted by the paper's mu = 0.01, changes nothing measurable here"
 
-NAMES = {
-    "fedavg": "FedAvg",
-    "fedprox": "FedProx",
-    "scaffold": "SCAFFOLD",
-    "feddyn": "FedDyn",
-    "moon": "MOON",
-    "ditto": "Ditto",
-    "moon_dpap": "MOON-DPAP",
-}
+NAMES = {k: c.METHOD_NAMES[k]
+         for k in ("fedavg", "fedprox", "scaffold", "feddyn", "moon", "ditto", "moon_dpap")}
 
 
 def fig1(runs: Runs, profile: str, personal_acc: float) -> list[Finding]:
@@ -153,13 +146,8 @@ def table1(runs: Runs, profile: str) -> list[Finding]:
     ]
 
 
-ABLATION_NAMES = {
-    "full": "full MOON-DPAP",
-    "no_dynamic_lr": "without dynamic LR",
-    "no_dropout": "without dropout",
-    "no_pruning": "without pruning",
-    "no_all_three": "without all three",
-}
+ABLATION_NAMES = {k: c.METHOD_NAMES[k]
+                  for k in ("full", "no_dynamic_lr", "no_dropout", "no_pruning", "no_all_three")}
 
 
 def table2(runs: Runs, profile: str) -> list[Finding]:
