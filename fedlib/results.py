@@ -50,6 +50,24 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+def write_json_unless_stamps_only(path: Path, payload: dict, stamps: tuple[str, ...]) -> bool:
+    """Write ``payload`` as JSON to ``path`` (atomically) unless the file there already holds the
+    same payload apart from the top-level ``stamps`` (keys that only say when, where or at which
+    commit it was written, such as a build's commit and time): then the file, and the repository
+    holding it, stay as they are. Returns whether it wrote."""
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, ValueError):
+            old = None
+        new = json.loads(json.dumps(payload))  # as it would read back (tuples as lists)
+        if isinstance(old, dict) and ({k: v for k, v in old.items() if k not in stamps}
+                                      == {k: v for k, v in new.items() if k not in stamps}):
+            return False
+    atomic_write_bytes(path, json.dumps(payload, indent=1).encode())
+    return True
+
+
 def atomic_torch_save(obj: Any, path: Path) -> None:
     """``torch.save`` to a temporary file, then renamed: a failed write (a full disk) leaves the
     previous file as it was, and says so as an ``OSError`` naming the file."""

@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from fedlib.results import REPO_ROOT, atomic_write_bytes, git_commit
+from fedlib.results import REPO_ROOT, git_commit, write_json_unless_stamps_only
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 CHAPTERS = REPO_ROOT / "book" / "chapters"
@@ -120,7 +120,10 @@ def record_timing(stem: str, wall_s: float, profile: str, run_log: Path) -> None
                "devices": sorted({str(r["device"]) for r in runs.values()}),
                "cpus": os.cpu_count(), "cuda": torch.cuda.is_available(), "commit": git_commit(),
                "run_seconds": {k: r["duration_s"] for k, r in runs.items()}}
-    atomic_write_bytes(timings_dir() / f"{stem}.json", json.dumps(payload, indent=1).encode())
+    # what the page costs is its runs; the wall time of this build, its commit and machine are
+    # stamps: a rebuild whose runs are the same leaves the tracked file (and git) as it was
+    write_json_unless_stamps_only(timings_dir() / f"{stem}.json", payload,
+                                  stamps=("wall_s", "computed_now", "cpus", "cuda", "commit"))
     run_log.unlink(missing_ok=True)
 
 

@@ -167,3 +167,21 @@ def test_a_resumed_run_records_the_commit_that_checkpointed_it(tmp_path, monkeyp
     resumed = run(CFG, root=tmp_path, progress=False, checkpoint_every=1)
     assert resumed.meta["resumed_from_round"] == 2
     assert resumed.meta["resumed_from_commit"] == resumed.meta["git_commit"]
+
+
+def test_a_rewrite_that_changes_only_stamps_leaves_the_file_as_it_was(tmp_path):
+    """A book rebuild that changes no finding must leave git clean (issue 41): the verdict and
+    timing files are rewritten only when something besides their stamps changed."""
+    from fedlib.results import write_json_unless_stamps_only
+
+    path = tmp_path / "page.json"
+    first = {"page": "p", "commit": "a" * 40, "time": "t0", "findings": [("x", 1.5)]}
+    assert write_json_unless_stamps_only(path, first, stamps=("commit", "time"))
+    before = path.read_bytes()
+    assert not write_json_unless_stamps_only(path, {**first, "commit": "b" * 40, "time": "t1"},
+                                             stamps=("commit", "time"))
+    assert path.read_bytes() == before
+    assert write_json_unless_stamps_only(path, {**first, "findings": [("x", 1.6)]}, stamps=("commit", "time"))
+    assert json.loads(path.read_text())["findings"] == [["x", 1.6]]
+    path.write_text("{not json")  # a damaged file is replaced, not trusted
+    assert write_json_unless_stamps_only(path, first, stamps=("commit", "time"))

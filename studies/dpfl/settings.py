@@ -46,7 +46,8 @@ CHOICES = [
     (
         "dataset, clients",
         "FashionMNIST, 1,000 IID clients of 60 images",
-        "client-level DP needs many clients; the article names no data set",
+        "the article lists MNIST, CIFAR-10 and synthetic data but gives no federation, model or "
+        "result for any of them; client-level DP needs many clients",
     ),
     ("model", "MLP 784-100-10 (79,510 parameters)", "noise grows with sqrt(d); a CNN needs far more clients"),
     ("sampling", "Poisson, q = 0.1 (100 clients expected per round)", "what the accountant assumes"),
