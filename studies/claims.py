@@ -149,6 +149,17 @@ def number(
 DECISIVE_MARGIN = 5.0
 
 
+def margin_reason(profile: str, cut: str | None = None) -> str | None:
+    """Why an ordering at ``profile`` must clear :data:`DECISIVE_MARGIN` (None at ``paper``, where it
+    need not, and at ``smoke``, which judges nothing): one rule for every study. ``cut`` is the
+    study's own reason (e.g. MOON-DPAP's schedules compressed into fewer rounds); without one, the
+    reduced setting itself is the reason."""
+    if profile in ("paper", "smoke"):
+        return None
+    return cut or (f"the {profile} profile reduces the paper's data, rounds or model, so a small gap "
+                   "need not carry over to the paper's setting")
+
+
 def ordering(
     claim: str,
     better: Sequence[float],
@@ -162,7 +173,8 @@ def ordering(
     above 0, not reproduced when it is below 0, else inconclusive (gap inside the noise). ``cut``: why
     this profile distorts the comparison (rounds cut under T-dependent schedules); then, away from
     the paper profile, the interval must clear :data:`DECISIVE_MARGIN` either way, else the ordering
-    is inconclusive at this profile."""
+    is inconclusive at this profile; without ``cut`` the same margin applies away from the paper
+    profile for the generic reason of :func:`margin_reason` (one rule for every study)."""
     m, lo, hi = paired_ci(better, worse)
     ours = f"{what} {_interval(m, lo, hi, unit)}, {len(better)} seeds"
     if profile == "smoke":
@@ -171,9 +183,10 @@ def ordering(
         return Finding(
             claim, ours, Verdict.INCONCLUSIVE, f"{len(better)} seed(s): an ordering needs {MIN_SEEDS}"
         )
-    if cut and profile != "paper" and not (lo > DECISIVE_MARGIN or hi < -DECISIVE_MARGIN):
+    why = margin_reason(profile, cut)
+    if why and not (lo > DECISIVE_MARGIN or hi < -DECISIVE_MARGIN):
         return Finding(claim, ours, Verdict.INCONCLUSIVE,
-                       f"inconclusive at this profile: {cut}; an ordering needs its 95 % interval beyond "
+                       f"inconclusive at this profile: {why}; an ordering needs its 95 % interval beyond "
                        f"±{DECISIVE_MARGIN:g} points here")
     if lo > 0:
         return Finding(
@@ -281,15 +294,22 @@ def gap(
 
 
 def in_range(
-    claim: str, low: float, high: float, values: Sequence[float], profile: str, unit: str = " %"
+    claim: str, low: float, high: float, values: Sequence[float], profile: str, unit: str = " %",
+    absolute: bool = False,
 ) -> Finding:
     """A claimed range: reproduced when our 95 % interval lies within ``[low, high]``; partly when
     it lies beyond it on the same side of 0 (direction holds, size does not); not reproduced when
-    it has the opposite sign; else inconclusive."""
+    it has the opposite sign; else inconclusive. ``absolute``: the range is a level of the paper's
+    own setting (a share of its model's parameters, say), so, as for :func:`number`, other profiles
+    are inconclusive."""
     m, lo, hi = mean_ci(values)
     ours = f"{_interval(m, lo, hi, unit)} over {len(values)} measurement(s); claim [{low:g}, {high:g}]{unit}"
     if profile == "smoke":
         return not_evaluated(claim, ours)
+    if absolute and profile != "paper":
+        return Finding(claim, ours, Verdict.INCONCLUSIVE,
+                       f"the {profile} profile reduces the model, data and rounds: a level of the paper's "
+                       "setting needs the paper profile")
     if len(values) < 2:
         return Finding(claim, ours, Verdict.INCONCLUSIVE, "one measurement: no interval")
     if low <= lo and hi <= high:
@@ -354,10 +374,11 @@ def reachable(
     return Finding(claim, ours, Verdict.INCONCLUSIVE, "the 95 % interval overlaps the tolerance band")
 
 
-def peak(claim: str, at: Hashable, by_seed: Mapping, profile: str) -> Finding:
+def peak(claim: str, at: Hashable, by_seed: Mapping, profile: str, cut: str | None = None) -> Finding:
     """The claimed value ``at`` gives the highest result: its paired differences to every other
     value must all be above 0 (reproduced); another value significantly ahead of it: not
-    reproduced; otherwise inconclusive."""
+    reproduced; otherwise inconclusive. Away from the paper profile each difference must clear
+    :data:`DECISIVE_MARGIN`, as an ordering's (:func:`margin_reason`)."""
     others = [k for k in by_seed if k != at]
     cis = {k: paired_ci(by_seed[at], by_seed[k]) for k in others}
     ours = "; ".join(f"vs {name_of(k)}: {_interval(*ci, ' pts')}" for k, ci in cis.items())
@@ -366,9 +387,14 @@ def peak(claim: str, at: Hashable, by_seed: Mapping, profile: str) -> Finding:
     n = len(by_seed[at])
     if n < MIN_SEEDS:
         return Finding(claim, ours, Verdict.INCONCLUSIVE, f"{n} seed(s): a peak needs {MIN_SEEDS}")
+    why = margin_reason(profile, cut)
+    if why and not all(lo > DECISIVE_MARGIN or hi < -DECISIVE_MARGIN for _, lo, hi in cis.values()):
+        return Finding(claim, ours, Verdict.INCONCLUSIVE,
+                       f"inconclusive at this profile: {why}; each difference needs its 95 % interval "
+                       f"beyond ±{DECISIVE_MARGIN:g} points here")
     if all(lo > 0 for _, lo, _ in cis.values()):
         return Finding(claim, ours, Verdict.REPRODUCED, "ahead of every other value across seeds")
-    behind = [str(k) for k, (_, _, hi) in cis.items() if hi < 0]
+    behind = [name_of(k) for k, (_, _, hi) in cis.items() if hi < 0]
     if behind:
         return Finding(claim, ours, Verdict.NOT_REPRODUCED, f"significantly behind {', '.join(behind)}")
     return Finding(

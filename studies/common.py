@@ -267,36 +267,34 @@ HEADERS = {
 }
 
 
-def readable(df: pd.DataFrame, digits: int = 2, headers: Mapping[str, str] | None = None,
+def readable(df: pd.DataFrame, sig: int = 3, headers: Mapping[str, str] | None = None,
              missing: str = "n/a") -> pd.DataFrame:
-    """``df`` for a reader: readable headers (:data:`HEADERS`, then ``headers``), numbers rounded to
-    ``digits`` as text, an infinite loss or accuracy shown as "diverged", an infinite budget as
-    "none (no DP)", other infinities as "unbounded" and missing values as ``missing``; a fresh
-    0-based index dropped."""
+    """``df`` for a reader: readable headers (:data:`HEADERS`, then ``headers``) and every column
+    written by :func:`studies.numbers.column` (``sig`` significant figures, shared decimals, powers
+    of ten, thousands separators); an infinite loss or accuracy shown as "diverged", an infinite
+    privacy budget (a column about epsilon) as no guarantee, and missing values as ``missing``; a
+    fresh 0-based index dropped."""
+    from studies import numbers
+
     names = {**HEADERS, **(headers or {})}
     out = df.reset_index(drop=isinstance(df.index, pd.RangeIndex) and df.index.name is None)
 
-    def cell(column: str, v):
-        if isinstance(v, bool | np.bool_):
-            return "yes" if v else "no"
-        if isinstance(v, int | np.integer):
-            return f"{int(v):,}"
-        if isinstance(v, float | np.floating):
-            if math.isnan(v):
-                return missing
-            if math.isinf(v):
-                if "loss" in column or "acc" in column:
-                    return "diverged"
-                return "none (no DP)" if column in ("epsilon", "dp_epsilon") else "unbounded"
-            return f"{v:,.{digits}f}" if abs(v) < 1e5 else f"{v:.2e}"
-        return missing if v is None else v
+    def is_inf(v) -> bool:
+        return isinstance(v, float | np.floating) and math.isinf(v)
 
-    return pd.DataFrame({names.get(str(c), str(c)): [cell(str(c), v) for v in out[c]] for c in out.columns})
+    def cells(column: str, values: list) -> list[str]:
+        privacy = "eps" in column.lower()
+        diverges = "loss" in column or "acc" in column
+        texts = numbers.column(values, sig, privacy=privacy)
+        return ["diverged" if diverges and is_inf(v) else missing if t == numbers.MISSING else t
+                for v, t in zip(values, texts, strict=True)]
+
+    return pd.DataFrame({names.get(str(c), str(c)): cells(str(c), list(out[c])) for c in out.columns})
 
 
-def table_for_reader(df: pd.DataFrame, digits: int = 2, headers: Mapping[str, str] | None = None):
+def table_for_reader(df: pd.DataFrame, sig: int = 3, headers: Mapping[str, str] | None = None):
     """:func:`readable` as a styled table without the row numbers (what a page shows)."""
-    return readable(df, digits, headers).style.hide(axis="index")
+    return readable(df, sig, headers).style.hide(axis="index")
 
 
 def untrained_accuracy(config: Config) -> float:

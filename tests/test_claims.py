@@ -47,7 +47,22 @@ def test_number_elsewhere_is_inconclusive_or_not_evaluated():
     ],
 )
 def test_ordering_three_ways(better, worse, expected):
-    assert c.ordering("x", better, worse, "quick").verdict is expected
+    assert c.ordering("x", better, worse, "paper").verdict is expected
+
+
+def test_away_from_paper_every_ordering_must_clear_the_margin():
+    """One rule for every study (issue 41): at quick a gap must clear DECISIVE_MARGIN either way,
+    with the study's own reason or the generic one; at paper it need not."""
+    small = ([5.0, 6.0, 5.5], [1.0, 1.5, 1.2])  # a gap of about 4.3 points, clearly above 0
+    large = ([15.0, 16.0, 15.5], [1.0, 1.5, 1.2])  # about 14 points
+    assert c.ordering("x", *small, "paper").verdict is V.REPRODUCED
+    generic = c.ordering("x", *small, "quick")
+    assert generic.verdict is V.INCONCLUSIVE and "reduces the paper's data" in generic.reason
+    own = c.ordering("x", *small, "quick", cut="schedules run compressed")
+    assert own.verdict is V.INCONCLUSIVE and "schedules run compressed" in own.reason
+    assert c.ordering("x", *large, "quick").verdict is V.REPRODUCED
+    assert c.ordering("x", *reversed(large), "quick").verdict is V.NOT_REPRODUCED
+    assert c.margin_reason("paper") is None and c.margin_reason("smoke") is None
 
 
 def test_ordering_needs_seeds_and_says_nothing_at_smoke():
@@ -57,10 +72,12 @@ def test_ordering_needs_seeds_and_says_nothing_at_smoke():
 
 def test_best_of_all_comparisons_must_hold():
     by = {"a": [9.0, 9.5, 9.2], "b": [5.0, 5.5, 5.2], "c": [4.0, 4.1, 4.3]}
-    assert c.best_of("x", "a", by, "quick").verdict is V.REPRODUCED
-    assert c.best_of("x", "b", by, "quick").verdict is V.NOT_REPRODUCED
+    assert c.best_of("x", "a", by, "paper").verdict is V.REPRODUCED
+    assert c.best_of("x", "b", by, "paper").verdict is V.NOT_REPRODUCED
+    assert c.best_of("x", "a", by, "quick").verdict is V.INCONCLUSIVE  # gaps of ~4 points: inside the margin
     close = {"a": [5.0, 6.0, 5.5], "b": [5.5, 5.4, 5.6]}
-    assert c.best_of("x", "a", close, "quick").verdict is V.INCONCLUSIVE
+    assert c.best_of("x", "a", close, "paper").verdict is V.INCONCLUSIVE
+    assert "vs b:" in c.best_of("x", "a", by, "paper").ours
 
 
 @pytest.mark.parametrize(
@@ -161,11 +178,14 @@ def test_moon_dpap_best_of_six_is_counted_once():
 
 def test_peak():
     by = {0.01: [9.0, 9.2, 9.1], 0.02: [5.0, 5.2, 5.1], 0.03: [4.0, 4.1, 4.2]}
-    assert c.peak("x", 0.01, by, "quick").verdict is V.REPRODUCED
-    assert c.peak("x", 0.02, by, "quick").verdict is V.NOT_REPRODUCED
+    assert c.peak("x", 0.01, by, "paper").verdict is V.REPRODUCED
+    assert c.peak("x", 0.02, by, "paper").verdict is V.NOT_REPRODUCED
+    assert c.peak("x", 0.01, by, "quick").verdict is V.INCONCLUSIVE  # the shared margin at quick
+    wide = {0.01: [19.0, 19.2, 19.1], 0.02: [5.0, 5.2, 5.1], 0.03: [4.0, 4.1, 4.2]}
+    assert c.peak("x", 0.01, wide, "quick").verdict is V.REPRODUCED
     flat = {0.01: [5.0, 6.0, 5.5], 0.02: [5.5, 5.4, 5.6]}
-    assert c.peak("x", 0.01, flat, "quick").verdict is V.INCONCLUSIVE
-    assert c.peak("x", 0.01, {0.01: [9.0], 0.02: [1.0]}, "quick").verdict is V.INCONCLUSIVE
+    assert c.peak("x", 0.01, flat, "paper").verdict is V.INCONCLUSIVE
+    assert c.peak("x", 0.01, {0.01: [9.0], 0.02: [1.0]}, "paper").verdict is V.INCONCLUSIVE
 
 
 def test_bound():
@@ -333,3 +353,36 @@ def test_dpfl_claim_rules():
     assert dc.claim4(30.0, 25.0, errors, 784, "quick")[0].verdict is V.NOT_REPRODUCED
     low = pd.Series([1e-3, 5.0], index=[1e-3, 1e-2])  # below sigma sqrt(d) at the first point
     assert dc.claim4(30.0, 8.0, low, 784, "quick")[1].verdict is V.NOT_REPRODUCED
+
+
+def test_a_level_of_the_papers_setting_needs_the_paper_profile():
+    values = [70.0, 72.0, 71.0]
+    assert c.in_range("x", 60.0, 100.0, values, "paper", absolute=True).verdict is V.REPRODUCED
+    away = c.in_range("x", 60.0, 100.0, values, "quick", absolute=True)
+    assert away.verdict is V.INCONCLUSIVE and "needs the paper profile" in away.reason
+    assert c.in_range("x", 60.0, 100.0, values, "quick").verdict is V.REPRODUCED  # a relative range
+
+
+def test_fdl_communication_is_graded_per_r_on_the_papers_count():
+    """Issue 41: one interval per r, in parameters not sent (the paper's Table 1 unit); the bytes on
+    the wire, indices included, beside it. The two counts differ: here half the parameters are sent,
+    which saves 50 % of the parameters and nothing of the bytes (8 bytes per sent value)."""
+    from fedlib.results import Result
+    from studies.common import Runs
+    from studies.fdl import claims as fdl_claims
+    from studies.fdl import settings as fdl_settings
+
+    def run(seed: int, sent: float) -> Result:
+        cfg = fdl_settings.config_for("fdl", "smoke", seed, "iid", 0.5, fdl_r=0.010)
+        dense = 4 * 79_510 * cfg.clients  # the smoke profile's MLP
+        history = [{"round": t + 1, "test_acc": 0.5, "test_loss": 1.0, "sent_frac": sent,
+                    "bytes_up": 8 * sent * dense / 4} for t in range(2)]
+        return Result(cfg, history)
+
+    runs = Runs({0.010: [run(s, x) for s, x in enumerate((0.30, 0.32, 0.31))]})
+    f = fdl_claims.savings_at(runs, 0.010, "paper")
+    assert f.claim.endswith("($r$ = 0.010)") and f.verdict is V.REPRODUCED
+    assert "69.00 %" in f.ours and "bytes saved with the indices" in f.ours and "38.0 %" in f.ours
+    half = Runs({0.010: [run(s, 0.5) for s in range(3)]})
+    assert "0.0 %" in fdl_claims.savings_at(half, 0.010, "paper").ours
+    assert fdl_claims.savings_at(runs, 0.010, "quick").verdict is V.INCONCLUSIVE

@@ -206,8 +206,8 @@ def test_tables_for_readers_have_no_raw_values():
     out = readable(df)
     assert list(out.columns) == ["epsilon", "accuracy (%)", "final test loss", "true epsilon / run", "seeds",
                                  "agree"]
-    assert out.iloc[1].tolist() == ["none (no DP)", "n/a", "diverged", "2.00e+06", "1", "n/a"]
-    assert out.iloc[0].tolist() == ["1.00", "50.12", "0.50", "unbounded", "3", "yes"]
+    assert out.iloc[1].tolist() == ["∞ (no guarantee)", "n/a", "diverged", "2 × 10⁶", "1", "n/a"]
+    assert out.iloc[0].tolist() == ["1", "50.1", "0.5", "∞ (no guarantee)", "3", "yes"]
     html = table_for_reader(df).to_html()
     assert not RAW_OUTPUT.search(html.replace("<", " <")), RAW_OUTPUT.search(html)
 
@@ -235,3 +235,21 @@ def test_the_adaptive_clipping_paragraph_follows_the_runs():
     text = dpfl_pages.adaptive_clip_story(steady)
     assert "below 1 of the 2 fixed clips" in text and "within the swept range" in text
     assert "peaked" not in text
+
+
+def test_one_number_formatter_keeps_each_value():
+    """The values issue 43 found changed by formatting: FDL's four r's, the settings' small
+    values, claim 4's small sigmas, no-DP's epsilon, a mixed settings column."""
+    from studies.numbers import column, number
+
+    assert column([0.015, 0.012, 0.010, 0.008]) == ["0.015", "0.012", "0.010", "0.008"]
+    assert [number(v) for v in (0.0005, 0.001, 1e-5, 3.2e-6)] == ["0.0005", "0.001", "1 × 10⁻⁵", "3.2 × 10⁻⁶"]
+    assert column([0.0, 1e-5, 0.003, 0.01]) == ["0", "1 × 10⁻⁵", "0.003", "0.010"]
+    assert number(float("inf"), privacy=True) == "∞ (no guarantee)" and number(0.0, privacy=True) == "0"
+    assert column(["FashionMNIST", 0.0005, 20, 0.2]) == ["FashionMNIST", "0.0005", "20", "0.2"]
+    big = [number(v) for v in (12345.678, 1.6e6, 83.64, 9.996, -0.25)]
+    assert big == ["12,346", "1.6 × 10⁶", "83.6", "10", "-0.25"]
+    assert column([55.08, 83.64, 7.2]) == ["55.1", "83.6", "7.2"]
+    assert column([100.0, 0.5]) == ["100.0", "0.5"]  # decimals shared within a spread of 2,
+    assert column([100.0, 0.0012]) == ["100", "0.0012"]  # not beyond it
+    assert number(True) == "yes" and number(None) == "n/a" and number(float("nan")) == "n/a"

@@ -1,0 +1,93 @@
+"""One way to write a number for a reader, used by every table of the book (issue 43).
+
+* a float keeps :data:`SIG` significant figures and drops trailing zeros (0.015, 0.0005, 83.6,
+  12,346), with thousands separators; below 1e-4 or from 1e6 on it is written in powers of ten
+  (1.6 × 10⁶, 1 × 10⁻⁵), never as ``1.6e+06``;
+* in a column (:func:`column`) the numbers share their count of decimals where their magnitudes
+  are alike (0.015, 0.012, 0.010, 0.008), so that equal-looking cells are equal values;
+* an integer is exact (12,000); zero is 0; a boolean is yes / no; a missing value is "n/a";
+* an infinite privacy budget is "∞ (no guarantee)" (no DP, or a mechanism without a finite
+  bound), never 0, which would read as perfect privacy; other infinities are ∞.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+
+#: Significant figures of a float.
+SIG = 3
+#: Below this magnitude (and from :data:`BIG` on) a float is written in powers of ten.
+SMALL, BIG = 1e-4, 1e6
+#: A column's numbers share their decimals when their shortest forms need at most this many apart.
+SPREAD = 2
+NO_GUARANTEE = "∞ (no guarantee)"
+MISSING = "n/a"
+
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+
+
+def _decimals(x: float, sig: int) -> int:
+    """The decimals of ``x`` rounded to ``sig`` significant figures, trailing zeros dropped."""
+    if x == 0:
+        return 0
+    d = max(0, sig - 1 - math.floor(math.log10(abs(x))))
+    text = f"{x:.{d}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return len(text.split(".")[1]) if "." in text else 0
+
+
+def _power_of_ten(x: float, sig: int) -> str:
+    mantissa, exponent = f"{x:.{sig - 1}e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".") if "." in mantissa else mantissa
+    return f"{mantissa} × 10{str(int(exponent)).translate(_SUPERSCRIPT)}"
+
+
+def number(x, sig: int = SIG, privacy: bool = False, decimals: int | None = None) -> str:
+    """``x`` for a reader (see the module docstring); ``privacy``: ``x`` is a privacy budget, so
+    infinity means no guarantee; ``decimals``: a fixed count (a column's) instead of the shortest."""
+    if x is None:
+        return MISSING
+    if isinstance(x, (bool, np.bool_)):
+        return "yes" if x else "no"
+    if isinstance(x, (int, np.integer)):
+        return f"{int(x):,}"
+    if not _is_real(x):
+        return str(x)
+    x = float(x)
+    if math.isnan(x):
+        return MISSING
+    if math.isinf(x):
+        return NO_GUARANTEE if privacy and x > 0 else ("∞" if x > 0 else "−∞")
+    if x == 0:
+        return "0"
+    if abs(x) < SMALL or abs(x) >= BIG:
+        return _power_of_ten(x, sig)
+    return f"{x:,.{_decimals(x, sig) if decimals is None else decimals}f}"
+
+
+def column(values: Iterable, sig: int = SIG, privacy: bool = False) -> list[str]:
+    """A column of a table: each value as :func:`number` writes it, the finite floats written in
+    plain decimals sharing one count of decimals when their shortest forms differ by at most
+    :data:`SPREAD` (so 0.010 stands beside 0.015, not 0.01)."""
+    values = list(values)
+    plain = [float(v) for v in values if _is_real(v) and not isinstance(v, (int, np.integer))
+             and math.isfinite(float(v)) and v != 0 and SMALL <= abs(float(v)) < BIG]
+    shared = None
+    if plain:
+        ds = [_decimals(v, sig) for v in plain]
+        if max(ds) - min(ds) <= SPREAD:
+            shared = max(ds)
+    out = []
+    for v in values:
+        floaty = (_is_real(v) and not isinstance(v, (int, np.integer)) and math.isfinite(float(v))
+                  and v != 0 and SMALL <= abs(float(v)) < BIG)
+        out.append(number(v, sig, privacy, decimals=shared if floaty else None))
+    return out
