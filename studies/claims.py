@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 
 import numpy as np
@@ -66,15 +66,35 @@ MIN_SEEDS = 3
 
 @dataclass(frozen=True)
 class Finding:
+    """One claim's verdict. ``scope`` is empty for evidence about the paper; otherwise it says what
+    the row measures instead: this implementation (its cost, the accountant the study uses) or the
+    study's own reading of a mechanism the paper leaves unspecified. Such rows keep their verdict
+    and are shown, but the ledger counts them apart, not as evidence for or against the paper."""
+
     claim: str
     ours: str
     verdict: Verdict
     reason: str = ""
+    scope: str = ""
 
     def row(self) -> dict[str, str]:
         d = asdict(self)
         d["verdict"] = self.verdict.value
         return d
+
+
+#: Scopes of rows that are not evidence about the paper (see :class:`Finding`).
+IMPLEMENTATION = "measures this implementation, not the paper"
+
+
+def about(finding: Finding, scope: str) -> Finding:
+    """``finding`` marked as being about ``scope`` (:class:`Finding`), not the paper."""
+    return replace(finding, scope=scope)
+
+
+def our_reading(reading: str) -> str:
+    """The scope of a row that holds only under the study's ``reading`` of an unspecified mechanism."""
+    return f"holds under our reading of what the paper leaves open: {reading}"
 
 
 # ---- statistics ---------------------------------------------------------------------------------

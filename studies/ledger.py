@@ -22,7 +22,7 @@ from fedlib.results import REPO_ROOT, git_commit, results_dir, write_json_unless
 from studies.claims import EVIDENCE, Finding, Verdict
 from studies.common import into_book, scratch_dir
 
-COLUMNS = ["paper", "page", "claim", "ours", "verdict", "reason", "profile", "seeds", "commit"]
+COLUMNS = ["paper", "page", "claim", "ours", "verdict", "reason", "scope", "profile", "seeds", "commit"]
 
 
 def book_verdicts_dir() -> Path:
@@ -110,7 +110,13 @@ def collect(root: Path | None = None) -> pd.DataFrame:
             )
     df = pd.DataFrame(rows, columns=COLUMNS)
     df["verdict"] = [Verdict(v) for v in df["verdict"]]
+    df["scope"] = df["scope"].fillna("")  # files recorded before rows had a scope: about the paper
     return df
+
+
+def about_paper(df: pd.DataFrame) -> pd.Series:
+    """Which rows are evidence about the paper (not about this implementation or our reading)."""
+    return df["scope"].fillna("") == ""
 
 
 #: Order of the profiles in the ledger: evidence at the papers' scale first.
@@ -136,7 +142,8 @@ def counts_by_profile(df: pd.DataFrame) -> pd.DataFrame:
 
 def counts(df: pd.DataFrame) -> pd.DataFrame:
     """Findings per paper and class; ``evidence`` counts only reproduced / partly / not reproduced."""
-    out = pd.crosstab(df["paper"], df["verdict"].map(lambda v: v.value))
+    paper = df[about_paper(df)]
+    out = pd.crosstab(paper["paper"], paper["verdict"].map(lambda v: v.value))
     out["evidence"] = sum(out.get(v.value, 0) for v in EVIDENCE)
     return out
 
@@ -165,15 +172,19 @@ def legend() -> str:
 
 def verdict_counts(df: pd.DataFrame, papers: list[str] | None = None) -> pd.DataFrame:
     """One row per paper: its claims per verdict class in :data:`COUNT_ORDER` (a class nobody has,
-    "not evaluated", left out), their total, and the sanity checks apart; a last row sums them."""
+    "not evaluated", left out), their total, and apart the sanity checks and the rows about this
+    implementation or our reading (:class:`studies.claims.Finding`'s scope); a last row sums them."""
     papers = papers or list(dict.fromkeys(df["paper"]))
     shown = [v for v in COUNT_ORDER if v is not Verdict.NOT_EVALUATED or (df["verdict"] == v).any()]
     rows = []
     for paper in papers:
         g = df[df["paper"] == paper]
+        apart = g[~about_paper(g)]
+        g = g[about_paper(g)]
         n = {v: int((g["verdict"] == v).sum()) for v in Verdict}
         rows.append({"paper": paper, **{v.value: n[v] for v in shown},
-                     "claims": sum(n[v] for v in shown), "sanity checks (apart)": n[Verdict.SANITY]})
+                     "claims": sum(n[v] for v in shown), "sanity checks (apart)": n[Verdict.SANITY],
+                     "about our code or reading (apart)": len(apart)})
     out = pd.DataFrame(rows)
     total = {"paper": "all three papers", **{c: int(out[c].sum()) for c in out.columns if c != "paper"}}
     return pd.concat([out, pd.DataFrame([total])], ignore_index=True)
@@ -191,8 +202,12 @@ def claims_table(df: pd.DataFrame, titles: dict[str, str]) -> str:
              "* - verdict and claim", "  - what we measured, and why"]
     for r in df.itertuples():
         seeds = "" if pd.isna(r.seeds) else f", {int(r.seeds)} seed{'s' if int(r.seeds) != 1 else ''}"
-        lines += [f"* - {badge(r.verdict)} {_one_line(r.claim)}", "",
-                  f"    <small>evidence: [{_one_line(titles.get(r.page, r.page))}]({r.page}.ipynb) "
+        scope = getattr(r, "scope", "") or ""
+        lines += [f"* - {badge(r.verdict)} {_one_line(r.claim)}", ""]
+        if scope:
+            lines += [f"    <small>**not counted as evidence about the paper**: {_one_line(scope)}</small>",
+                      ""]
+        lines += [f"    <small>evidence: [{_one_line(titles.get(r.page, r.page))}]({r.page}.ipynb) "
                   f"({r.profile}{seeds})</small>",
                   f"  - {_one_line(r.ours)}"]
         if r.reason:
@@ -255,13 +270,16 @@ def bottom_line(df: pd.DataFrame, paper: str) -> str:
     """Three short lines on one paper, from its findings: what could be judged and how, which claims
     did not hold, and what is still open (and at which profile)."""
     rows = df[df["paper"] == paper]
+    apart = int((~about_paper(rows)).sum())
+    rows = rows[about_paper(rows)]
     n = {v: int((rows["verdict"] == v).sum()) for v in Verdict}
     counted = len(rows) - n[Verdict.SANITY]
     evidence = sum(n[v] for v in EVIDENCE)
     untestable = n[Verdict.NOT_TESTABLE]
     judged = (f"**Judged** {evidence} of {counted} claims: {n[Verdict.REPRODUCED]} reproduced, "
               f"{n[Verdict.PARTLY]} partly, {n[Verdict.NOT_REPRODUCED]} not reproduced"
-              + (f"; {untestable} not testable as the paper states them" if untestable else "") + ".")
+              + (f"; {untestable} not testable as the paper states them" if untestable else "")
+              + (f"; {apart} more about our code or reading, counted apart" if apart else "") + ".")
     failed = rows[rows["verdict"] == Verdict.NOT_REPRODUCED]
     contradicted = ("**Not reproduced**: " + "; ".join(_one_line(c) for c in failed["claim"]) + "."
                     if len(failed) else "**Not reproduced**: none of its claims.")

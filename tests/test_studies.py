@@ -253,3 +253,28 @@ def test_one_number_formatter_keeps_each_value():
     assert column([100.0, 0.5]) == ["100.0", "0.5"]  # decimals shared within a spread of 2,
     assert column([100.0, 0.0012]) == ["100", "0.0012"]  # not beyond it
     assert number(True) == "yes" and number(None) == "n/a" and number(float("nan")) == "n/a"
+
+
+def test_rows_about_our_code_or_reading_are_shown_and_counted_apart():
+    """Issue 41: a row that measures this implementation, or holds only under the study's reading of
+    an unspecified mechanism, keeps its verdict but is not evidence for or against the paper."""
+    import pandas as pd
+
+    from studies import claims as c
+    from studies import ledger
+
+    rows = [c.Finding("a", "x", c.Verdict.REPRODUCED), c.Finding("b", "y", c.Verdict.NOT_REPRODUCED),
+            c.about(c.Finding("cost", "z", c.Verdict.PARTLY), c.IMPLEMENTATION),
+            c.about(c.Finding("dp", "w", c.Verdict.NOT_REPRODUCED), c.our_reading("client-level, eps0 = 1"))]
+    df = pd.DataFrame([{"paper": "P", "page": "p", **f.row(), "profile": "paper", "seeds": 3, "commit": "0"}
+                       for f in rows])
+    df["verdict"] = [c.Verdict(v) for v in df["verdict"]]
+    counts = ledger.verdict_counts(df, ["P"]).iloc[0]
+    assert counts["reproduced"] == 1 and counts["not reproduced"] == 1 and counts["partly"] == 0
+    assert counts["claims"] == 2 and counts["about our code or reading (apart)"] == 2
+    line = ledger.bottom_line(df, "P")
+    assert "Judged** 2 of 2 claims" in line and "2 more about our code or reading" in line
+    assert "**Not reproduced**: b." in line  # the reading-dependent row is not listed against the paper
+    table = ledger.claims_table(df, {})
+    assert table.count("not counted as evidence about the paper") == 2 and "eps0 = 1" in table
+    assert c.Finding("a", "x", c.Verdict.REPRODUCED).row()["scope"] == ""
