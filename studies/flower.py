@@ -141,3 +141,30 @@ def agree_within_noise(engine_pct: list[float], flower_pct: list[float], margin_
     sd = np.sqrt((pooled**2).sum() / (len(a) + len(b) - 2))
     se = sd * np.sqrt(1 / len(a) + 1 / len(b))
     return bool(abs(a.mean() - b.mean()) <= 2 * se + margin_pp)
+
+
+#: Two runs of one seed that end closer than this (percentage points) are the same run to the
+#: table's precision (it shows one decimal).
+SAME_PP = 0.05
+
+
+def agreement_text(table: pd.DataFrame, chance_pct: float = 10.0) -> str:
+    """What the side-by-side table says, in words generated from it (issue 43: no sentence states
+    more, or other, than its numbers): how far apart each seed's two runs end without and with DP,
+    and why agreement is judged against the seed-to-seed noise."""
+    plain = table[table["method"] != DP_LABEL]
+    text = (f"Without privacy noise, the two runs of one seed end at most "
+            f"{plain['max |diff| same seed (pp)'].max():.2f} percentage points apart.")
+    if DP_LABEL not in set(table["method"]):
+        return text
+    dp = table.set_index("method").loc[DP_LABEL]
+    diff = float(dp["max |diff| same seed (pp)"])
+    eng, flo = float(dp["engine acc (%)"]), float(dp["Flower acc (%)"])
+    text += f" With client-level DP the runs end at {eng:.1f} % (engine) and {flo:.1f} % (Flower)"
+    text += f", near the {chance_pct:g} % of chance." if eng < 2 * chance_pct else "."
+    why = ("Float rounding (one thread per client through Flower, several in the engine) can separate a "
+           "seed's two runs, most of all once noise has made training chaotic, which is why agreement is "
+           "judged against the seed-to-seed noise rather than seed by seed.")
+    if diff < SAME_PP:
+        return f"{text} Each seed's two runs agree here too (largest difference {diff:.2f} points). {why}"
+    return f"{text} A seed's two runs end up to {diff:.1f} points apart. {why}"

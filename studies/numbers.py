@@ -21,8 +21,11 @@ import numpy as np
 SIG = 3
 #: Below this magnitude (and from :data:`BIG` on) a float is written in powers of ten.
 SMALL, BIG = 1e-4, 1e6
-#: A column's numbers share their decimals when their shortest forms need at most this many apart.
+#: A column's numbers share their decimals when their shortest forms need at most this many apart
+#: and their magnitudes span at most :data:`DECADES` powers of ten (else 79,510.00 would stand beside
+#: 0.10).
 SPREAD = 2
+DECADES = 2
 NO_GUARANTEE = "∞ (no guarantee)"
 MISSING = "n/a"
 
@@ -76,14 +79,16 @@ def number(x, sig: int = SIG, privacy: bool = False, decimals: int | None = None
 def column(values: Iterable, sig: int = SIG, privacy: bool = False) -> list[str]:
     """A column of a table: each value as :func:`number` writes it, the finite floats written in
     plain decimals sharing one count of decimals when their shortest forms differ by at most
-    :data:`SPREAD` (so 0.010 stands beside 0.015, not 0.01)."""
+    :data:`SPREAD` and their magnitudes by at most :data:`DECADES` powers of ten (so 0.010 stands
+    beside 0.015, not 0.01, and 79,510 beside 0.1, not 79,510.00)."""
     values = list(values)
     plain = [float(v) for v in values if _is_real(v) and not isinstance(v, (int, np.integer))
              and math.isfinite(float(v)) and v != 0 and SMALL <= abs(float(v)) < BIG]
     shared = None
     if plain:
         ds = [_decimals(v, sig) for v in plain]
-        if max(ds) - min(ds) <= SPREAD:
+        powers = [math.floor(math.log10(abs(v))) for v in plain]
+        if max(ds) - min(ds) <= SPREAD and max(powers) - min(powers) <= DECADES:
             shared = max(ds)
     out = []
     for v in values:

@@ -250,8 +250,9 @@ def test_one_number_formatter_keeps_each_value():
     big = [number(v) for v in (12345.678, 1.6e6, 83.64, 9.996, -0.25)]
     assert big == ["12,346", "1.6 × 10⁶", "83.6", "10", "-0.25"]
     assert column([55.08, 83.64, 7.2]) == ["55.1", "83.6", "7.2"]
-    assert column([100.0, 0.5]) == ["100.0", "0.5"]  # decimals shared within a spread of 2,
-    assert column([100.0, 0.0012]) == ["100", "0.0012"]  # not beyond it
+    assert column([10.0, 0.5]) == ["10.0", "0.5"]  # decimals shared within a spread of 2,
+    assert column([100.0, 0.0012]) == ["100", "0.0012"]  # not beyond it,
+    assert column([0.1, 0.25, 7951.0, 79510.0]) == ["0.1", "0.25", "7,951", "79,510"]  # nor across decades
     assert number(True) == "yes" and number(None) == "n/a" and number(float("nan")) == "n/a"
 
 
@@ -278,3 +279,21 @@ def test_rows_about_our_code_or_reading_are_shown_and_counted_apart():
     table = ledger.claims_table(df, {})
     assert table.count("not counted as evidence about the paper") == 2 and "eps0 = 1" in table
     assert c.Finding("a", "x", c.Verdict.REPRODUCED).row()["scope"] == ""
+
+
+def test_the_flower_pages_words_follow_its_table():
+    """The DP row's agreement decides the sentence (the page once said the runs drift apart beside a
+    table showing 0.0)."""
+    import pandas as pd
+
+    from studies import flower
+
+    def table(dp_diff):
+        return pd.DataFrame({"method": ["FedAvg", flower.DP_LABEL], "engine acc (%)": [65.3, 10.6],
+                             "Flower acc (%)": [65.3, 10.6 + dp_diff],
+                             "max |diff| same seed (pp)": [0.0, dp_diff]})
+
+    same = flower.agreement_text(table(0.0))
+    assert "at most 0.00 percentage points" in same and "agree here too" in same and "near the 10 %" in same
+    apart = flower.agreement_text(table(2.5))
+    assert "up to 2.5 points apart" in apart and "agree here too" not in apart
