@@ -297,3 +297,21 @@ def test_the_flower_pages_words_follow_its_table():
     assert "at most 0.00 percentage points" in same and "agree here too" in same and "near the 10 %" in same
     apart = flower.agreement_text(table(2.5))
     assert "up to 2.5 points apart" in apart and "agree here too" not in apart
+
+
+def test_the_frontier_pages_comparison_of_the_readings_follows_the_table():
+    import pandas as pd
+
+    from studies.moon_dpap import pages as mp
+
+    def table(record):
+        client = [8.0, 17.0, 29.0]
+        return pd.DataFrame({"reading": ["client"] * 3 + ["record"] * 3, "epsilon": [1.0, 10.0, 30.0] * 2,
+                             "acc_mean": client + record})
+
+    mixed = mp.readings_compared(table([14.6, 14.9, 15.5]))
+    assert "ahead at epsilon = 1 and behind at epsilon = 10, 30" in mixed
+    assert "ahead at every budget" in mp.readings_compared(table([50.0, 60.0, 70.0]))
+    assert "not ahead at any budget" in mp.readings_compared(table([5.0, 6.0, 7.0]))
+    assert mp.run_label(("client", 3.0)) == "client-level, epsilon 3"
+    assert mp.run_label(("client", 100.0, 0.5)) == "client-level, epsilon 100, C 0.5"

@@ -251,6 +251,39 @@ def noise_vs_signal(config: Config, zs: list[float], dims: int) -> pd.DataFrame:
     )
 
 
+READING_NAMES = {"client": "client-level", "record": "record-level"}
+
+
+def run_label(label) -> str:
+    """A run's label as a reader reads it: ``("client", 3.0)`` -> "client-level, epsilon 3",
+    ``("client", 100.0, 0.5)`` -> "client-level, epsilon 100, C 0.5"; other labels as they are."""
+    if isinstance(label, tuple) and label and label[0] in READING_NAMES:
+        parts = [READING_NAMES[label[0]], f"epsilon {label[1]:g}"]
+        if len(label) > 2:
+            parts.append(f"C {label[2]:g}")
+        return ", ".join(parts)
+    return str(label)
+
+
+def readings_compared(table: pd.DataFrame) -> str:
+    """Which reading ends more accurate at each budget both were run at (from
+    :func:`frontier_table`), in words: the frontier page's comparison is generated, not asserted."""
+    acc = table.pivot_table(index="epsilon", columns="reading", values="acc_mean")
+    both = acc.dropna(subset=[c for c in ("client", "record") if c in acc.columns])
+    if not {"client", "record"} <= set(acc.columns) or both.empty:
+        return ""
+    ahead = [f"{e:g}" for e, row in both.iterrows() if row["record"] > row["client"]]
+    behind = [f"{e:g}" for e, row in both.iterrows() if row["record"] <= row["client"]]
+    rec = both["record"]
+    text = (f"In these runs record-level DP-SGD ends at {rec.min():.1f} to {rec.max():.1f} % across its "
+            f"budgets, client-level at {both['client'].min():.1f} to {both['client'].max():.1f} %")
+    if ahead and behind:
+        return text + (f": record-level is ahead at epsilon = {', '.join(ahead)} and behind at epsilon = "
+                       f"{', '.join(behind)} (means over seeds).")
+    return text + (": record-level is ahead at every budget both were run at (means over seeds)." if ahead
+                   else ": record-level is not ahead at any budget both were run at (means over seeds).")
+
+
 def failed_runs(runs: Runs, chance_pct: float = 10.0, margin: float = 3.0) -> pd.DataFrame:
     """Runs that diverged (a NaN or infinite loss) or ended within ``margin`` points of chance."""
     rows = []
@@ -262,7 +295,7 @@ def failed_runs(runs: Runs, chance_pct: float = 10.0, margin: float = 3.0) -> pd
             if bad_loss or abs(acc - chance_pct) <= margin:
                 rows.append(
                     {
-                        "run": str(label),
+                        "run": run_label(label),
                         "seed": r.config.seed,
                         "final accuracy (%)": round(acc, 2),
                         "final loss": r.final["test_loss"],
