@@ -291,7 +291,28 @@ def result_status(config: Config, root: Path | None = None) -> str:
         return f"invalid: {e.reason}"
 
 
-def diverged(history: list[dict[str, Any]]) -> bool:
+#: A test loss this many times that of an untrained model (``ln K`` nats for K classes, the loss of a
+#: uniform prediction) means the model is destroyed: it gives the true label a probability below
+#: ``K^-1000`` on average (``e^-2303`` for ten classes).
+EXPLODED_FACTOR = 1000.0
+
+
+def exploded(history: list[dict[str, Any]], classes: int = 10) -> bool:
+    """Whether a run's test loss ever exceeded :data:`EXPLODED_FACTOR` times the loss an untrained
+    model starts from (``ln classes``): the loss exploded even if it stayed finite."""
+    limit = EXPLODED_FACTOR * math.log(classes)
+    return any(h.get("test_loss") is not None and math.isfinite(h["test_loss"]) and h["test_loss"] > limit
+               for h in history)
+
+
+def diverged(history: list[dict[str, Any]], classes: int = 10) -> bool:
+    """Whether a run diverged: a non-finite loss (:func:`non_finite`) or a test loss that exploded
+    (:func:`exploded`). A diverged model says nothing about what training learns or leaks: audits
+    exclude it and pages count it."""
+    return non_finite(history) or exploded(history, classes)
+
+
+def non_finite(history: list[dict[str, Any]]) -> bool:
     """Whether a run's history holds a non-finite loss (a training loss counts only in a round with
     clients: a round without any has none to report)."""
     for h in history:

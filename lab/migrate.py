@@ -23,7 +23,7 @@ from pathlib import Path
 
 from fedlib.config import NOISE_KEY_VERSION, RESULTS_VERSION, Config
 from fedlib.privacy.guarantee import classify_meta
-from fedlib.results import atomic_write_bytes, content_hash, diverged, results_dir
+from fedlib.results import atomic_write_bytes, content_hash, non_finite, results_dir
 
 #: Fields that a version removed, with their default before it (to recompute old keys).
 REMOVED_FIELDS: dict[int, dict] = {3: {"dp_epsilon": 1.0, "ldp_epsilon": 0.5}}
@@ -88,7 +88,7 @@ def _v5_keep_finite_private_runs(d: dict, result: dict, written: int) -> dict | 
     losses went non-finite may have (its uploads were garbage before), so it is recomputed."""
     clips = d["algorithm"] in ("dp_fedavg", "ldp_fl", "signds_fl", "fdl") or (
         d["algorithm"] == "moon_dpap" and _get(d, "dp") != "none")
-    if clips and diverged(result["history"]):
+    if clips and non_finite(result["history"]):
         return None
     return d
 

@@ -38,6 +38,9 @@ class Scale:
     seeds: int
     overrides: Mapping[str, Any] = field(default_factory=dict)
     caps: Mapping[str, Any] = field(default_factory=dict)
+    #: Whether the paper reports numbers for this setting (False for the DP-FL article, which runs no
+    #: experiment: its ``paper`` profile is the full profile of our own federation).
+    comparable: bool = True
 
     def apply(self, config: Config, profile: str) -> Config:
         capped = {k: min(getattr(config, k), v) for k, v in self.caps.items()}
@@ -307,16 +310,49 @@ def untrained_accuracy(config: Config) -> float:
     return 100 * Experiment(config, torch.device("cpu")).evaluate()["test_acc"]
 
 
-def profile_note(scales: Mapping[str, Scale], profile: str, results: list[Result] | None = None) -> str:
-    """A sentence (Markdown) saying which profile a page's numbers come from and what it means."""
+def runs_description(configs) -> str:
+    """What a page's runs were, from their configurations (or results): clients, training images,
+    rounds, model and seeds, each as a value or a range (e.g. "20 clients, 500 training images, 30
+    rounds, an MLP (784-100-10), 5 seeds")."""
+    from fedlib.data import TRAIN_SIZE
+
+    cs = [getattr(c, "config", c) for c in configs]
+    if not cs:
+        return ""
+
+    def span(values, unit: str) -> str:
+        vs = sorted(set(values))
+        return f"{vs[0]:,} {unit}" if len(vs) == 1 else f"{vs[0]:,} to {vs[-1]:,} {unit}"
+
+    models = " and ".join(sorted({MODEL_LABELS.get(c.model, c.model) for c in cs}))
+    seeds = len({c.seed for c in cs})
+    return ", ".join([span([c.clients for c in cs], "clients"),
+                      span([c.train_samples or TRAIN_SIZE for c in cs], "training images"),
+                      span([c.rounds for c in cs], "rounds"), models,
+                      f"{seeds} seed{'s' if seeds != 1 else ''}"])
+
+
+def profile_note(scales: Mapping[str, Scale], profile: str, results: list[Result] | None = None,
+                 what: str | None = None) -> str:
+    """A sentence (Markdown) saying which profile a page's numbers come from, what that means, and
+    what this page itself ran: ``what`` if given (an attack, a timing), else the runs of
+    ``results`` (:func:`runs_description`), so that the line is true to the page."""
     scale = scale_of(scales, profile)
     devices = sorted({str(r.meta.get("device", "?")).split(" (")[0] for r in results or []})
     where = f", computed on {', '.join(devices)}" if devices else ""
+    ran = what or runs_description(results or [])
+    ran = f" This page ran {ran}." if ran else ""
     if profile == "paper":
-        return (
-            f"**Profile `paper`**: {scale.description}{where}. These numbers are comparable to the paper's."
-        )
+        compare = ("These numbers are comparable to the paper's." if scale.comparable else
+                   "The article runs no experiment to compare with: this is the full profile of our own "
+                   "federation.")
+        return f"**Profile `paper`**: {scale.description}{where}.{ran} {compare}"
     return (
-        f"**Profile `{profile}`**: {scale.description}{where}. Absolute numbers are not comparable to "
-        "the paper's; orderings and directions are tested across seeds."
+        f"**Profile `{profile}`**: {scale.description}{where}.{ran} Absolute numbers are not comparable "
+        "to the paper's; orderings and directions are tested across seeds."
     )
+
+
+def no_training_note(profile: str, why: str) -> str:
+    """The profile line of a page that trains nothing (its numbers come from formulas or analysis)."""
+    return f"**Profile `{profile}`** changes nothing on this page: {why}."

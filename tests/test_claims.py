@@ -397,3 +397,15 @@ def test_fdl_communication_is_graded_per_r_on_the_papers_count():
     half = Runs({0.010: [run(s, 0.5) for s in range(3)]})
     assert "0.0 %" in fdl_claims.savings_at(half, 0.010, "paper").ours
     assert fdl_claims.savings_at(runs, 0.010, "quick").verdict is V.INCONCLUSIVE
+
+
+def test_claim3_cannot_speak_when_every_private_model_diverged():
+    from studies.dpfl import claims as dc
+
+    empty = pd.DataFrame(columns=["epsilon", "advantage", "article bound e^eps - 1", "tight bound"])
+    f = dc.claim3(empty, "paper", diverged=25, private=25)[0]
+    assert f.verdict is V.INCONCLUSIVE and "25 of 25 private models diverged" in f.ours
+    audited = pd.DataFrame({"epsilon": [4.0, 8.0], "advantage": [0.03, 0.07],
+                            "article bound e^eps - 1": [53.6, 2980.0], "tight bound": [0.96, 0.999]})
+    g = dc.claim3(audited, "paper", diverged=9, private=15)[0]
+    assert g.verdict is V.PARTLY and "9 of 15 private models diverged" in g.ours

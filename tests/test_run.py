@@ -185,3 +185,22 @@ def test_a_rewrite_that_changes_only_stamps_leaves_the_file_as_it_was(tmp_path):
     assert json.loads(path.read_text())["findings"] == [["x", 1.6]]
     path.write_text("{not json")  # a damaged file is replaced, not trusted
     assert write_json_unless_stamps_only(path, first, stamps=("commit", "time"))
+
+
+def test_a_run_whose_loss_explodes_is_diverged_even_when_finite():
+    """Issue 41: the audit's wrecked models (test loss up to 1.8e6, flagged not diverged) are
+    diverged; a run whose loss grows 1,000x over an untrained model's is flagged, a noisy but
+    learning run is not, and a non-finite loss still is."""
+    import math
+
+    from fedlib.results import EXPLODED_FACTOR, diverged, exploded, non_finite
+
+    untrained = math.log(10)
+    learning = [{"round": t, "test_loss": v, "train_loss": v} for t, v in enumerate([2.2, 1.1, 160.0, 0.9])]
+    assert not diverged(learning)  # a spike of 70x (DP-FL's adaptive arm) is not an explosion
+    wrecked = [{"round": 1, "test_loss": untrained}, {"round": 2, "test_loss": 1000.5 * untrained}]
+    assert exploded(wrecked) and diverged(wrecked) and not non_finite(wrecked)
+    assert diverged([{"round": 1, "test_loss": float("nan")}])
+    assert non_finite([{"round": 1, "test_loss": math.inf}])
+    assert not exploded([{"round": 1, "test_loss": 0.99 * EXPLODED_FACTOR * untrained}])
+    assert exploded([{"round": 1, "test_loss": 3.0}], classes=2) is False

@@ -122,11 +122,22 @@ def claim2(acc: dict[str, np.ndarray], profile: str) -> list[Finding]:
     return [Finding(CLAIM2, ours, f.verdict, f.reason)]
 
 
-def claim3(table: pd.DataFrame, profile: str) -> list[Finding]:
-    """``table``: one row per private run (epsilon, advantage, article bound, tight bound)."""
+def claim3(table: pd.DataFrame, profile: str, diverged: int = 0, private: int | None = None) -> list[Finding]:
+    """``table``: one row per audited private run (epsilon, advantage, article bound, tight bound);
+    ``diverged`` of the ``private`` models were left out (their loss exploded: a destroyed model
+    says nothing about what training leaks). With none left the audit cannot speak: inconclusive."""
+    private = len(table) + diverged if private is None else private
+    left_out = f"; {diverged} of {private} private models diverged and were not audited" if diverged else ""
+    if table.empty:
+        ours = f"no private model audited{left_out}"
+        if profile == "smoke":
+            return [c.not_evaluated(ARTICLE["claim3"], ours)]
+        return [Finding(ARTICLE["claim3"], ours, Verdict.INCONCLUSIVE,
+                        "every private model of the audit diverged: there is no trained model whose leakage "
+                        "could be measured against the bound (the bound holds by the mathematics alone)")]
     ours = (
         f"largest advantage {table['advantage'].max():.3f}; at most "
-        f"{(table['advantage'] / table['tight bound']).max():.0%} of the tight bound"
+        f"{(table['advantage'] / table['tight bound']).max():.0%} of the tight bound{left_out}"
     )
     if profile == "smoke":
         return [c.not_evaluated(ARTICLE["claim3"], ours)]

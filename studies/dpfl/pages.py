@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -25,8 +27,8 @@ from fedlib.attacks.membership import (
 from fedlib.config import Config
 from fedlib.experiment import Experiment
 from fedlib.privacy.accounting import epsilon_of_gaussian_rounds, rdp_epsilon
-from fedlib.results import atomic_write_bytes
-from fedlib.run import load_model
+from fedlib.results import atomic_write_bytes, diverged, model_path
+from fedlib.run import load_model, run
 from studies.common import ConfigSet, Needs, Runs, read_roots, run_all, seeds_for, write_root
 from studies.dpfl.claims import CLAIM2
 from studies.dpfl.settings import ARTICLE, EPSILONS, MIA_EPSILONS, SCALES, config_for, mia_config
@@ -193,8 +195,9 @@ def replace_one_epsilon(config: Config) -> float:
 @dataclass
 class AuditRow:
     epsilon: float
-    attack: AttackResult
+    attack: AttackResult | None  # None: the model diverged and is not audited
     accuracy: float
+    diverged: bool = False
 
 
 def audit_name(config: Config) -> str:
@@ -215,6 +218,17 @@ def save_audit_losses(result, root) -> None:
     atomic_write_bytes(root / audit_name(result.config), json.dumps(payload).encode())
 
 
+def same_model(a: dict, b: dict, test_images: int) -> bool:
+    """Whether two final records describe the same trained model up to float rounding: the test
+    accuracy within one test image, the losses within 1e-4 relative. Another CPU (or thread count)
+    rounds float32 sums differently (a train loss of 18887.3477 against 18887.3457 seen), which a
+    loss-threshold audit cannot resolve; a different model moves these by far more."""
+    if abs(a["test_acc"] - b["test_acc"]) > 1.0 / test_images + 1e-12:
+        return False
+    return all(math.isclose(a[k], b[k], rel_tol=1e-4) or (math.isnan(a[k]) and math.isnan(b[k]))
+               for k in ("test_loss", "train_loss") if k in a and k in b)
+
+
 def audit_losses(config: Config) -> tuple[np.ndarray, np.ndarray]:
     """Per-sample losses of the final global model on its training images (members) and on
     as many held-out test images (non-members); cached beside the results, so the audit can
@@ -225,7 +239,17 @@ def audit_losses(config: Config) -> tuple[np.ndarray, np.ndarray]:
             d = json.loads((root / name).read_text())
             return np.array(d["members"]), np.array(d["nonmembers"])
     result = run_all({0: [config]}).results[0][0]
-    save_audit_losses(result, write_root())
+    if model_path(config, result.path.parent).exists():
+        save_audit_losses(result, write_root())
+    else:  # a committed result without its (git-ignored) model: train it again to audit it
+        with tempfile.TemporaryDirectory(prefix="fedlib-audit-") as tmp:
+            again = run(config, root=Path(tmp), progress=False, device="cpu",
+                        engine=str(result.meta.get("engine", "auto")))  # the same path: the same sums
+            if not same_model(again.final, result.final, result.config.test_samples or 10_000):
+                raise RuntimeError(f"retraining {config.algorithm}-{config.key()} to audit it gave another "
+                                   f"model ({again.final} against {result.final}): the audit needs the "
+                                   "original model file")
+            save_audit_losses(again, write_root())
     d = json.loads((write_root() / name).read_text())
     return np.array(d["members"]), np.array(d["nonmembers"])
 
@@ -234,16 +258,21 @@ def membership_audit(config: Config) -> AuditRow:
     """Loss-threshold attack (Yeom et al. 2018) on the final global model: members are the
     training images, non-members the same number of held-out test images."""
     result = run_all({0: [config]}).results[0][0]
-    members, nonmembers = audit_losses(config)
     eps = replace_one_epsilon(config)
+    if diverged(result.history):  # a destroyed model says nothing about what training leaks
+        return AuditRow(eps, None, 100 * result.final["test_acc"], diverged=True)
+    members, nonmembers = audit_losses(config)
     return AuditRow(
         eps, loss_threshold_attack(members, nonmembers, seed=config.seed), 100 * result.final["test_acc"]
     )
 
 
 def bounds_table(rows: list[AuditRow], delta: float) -> pd.DataFrame:
+    """One row per audited model (diverged ones are left out: count them with :func:`diverged_count`)."""
     out = []
     for r in rows:
+        if r.attack is None:
+            continue
         a = r.attack
         out.append(
             {
@@ -260,6 +289,12 @@ def bounds_table(rows: list[AuditRow], delta: float) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(out)
+
+
+def diverged_count(rows: list[AuditRow]) -> tuple[int, int]:
+    """(diverged, all) among the private models of the audit."""
+    private = [r for r in rows if math.isfinite(r.epsilon)]
+    return sum(r.diverged for r in private), len(private)
 
 
 # ---- Claim 4: gradient inversion against clipping and noise -------------------------------------
