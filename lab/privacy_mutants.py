@@ -77,6 +77,7 @@ _NO_REPLACE = ("numpy's Generator.choice reads replace as a truth value: None, l
                "without replacement")
 
 _LOCAL, _DISCRETE = "fedlib/privacy/local.py", "fedlib/privacy/discrete.py"
+_C_ORDER = 'arrays = {k: Array(v.detach().cpu().numpy().copy(order="C"))'
 
 
 def _swap(file: str, line: str, old: str, new: str, why: str) -> tuple[str, str, str, str]:
@@ -135,6 +136,10 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
     ("fedlib/privacy/local.py", "return torch.topk(log_weights.double() + noise, k, dim=-1).indices",
      "return torch.topk(log_weights.double() + noise, k, ).indices",
      "torch.topk's dim defaults to -1, the same dimension the argument names"),
+    *[("fedlib/flower/records.py", _C_ORDER, _C_ORDER.replace('order="C"', new),
+       "the copy's memory layout only: flwr's Array serialises with np.save, which records the layout in "
+       "its header, and np.load restores the same values in the same shape, so the message carries "
+       "the same numbers") for new in ("order=None", 'order="c"')],
     ("fedlib/privacy/clipping.py",
      "scale = torch.where(norm > clip, clip / norm.clamp_min(clip), torch.ones_like(norm))",
      "scale = torch.where(norm >= clip, clip / norm.clamp_min(clip), torch.ones_like(norm))", _AT_ONE),
@@ -218,6 +223,19 @@ def device_only(old: str, new: str) -> bool:
 #: A recorded release's label (:class:`fedlib.privacy.record.Release`'s ``mechanism``) names the
 #: call for people; :func:`fedlib.privacy.record.check` compares only its noise multiplier or epsilon.
 _RELEASE_LABEL = re.compile(r"""Release\((None|"[^"]*"|'[^']*')""")
+
+
+_INSTRUMENTATION = re.compile(r"^note_(draw|key)\(")
+
+
+def instrumentation_only(old: str, new: str) -> bool:
+    """Whether a mutant changes only a call that records what a mechanism drew, or which key seeded a
+    generator (:func:`fedlib.privacy.record.note_draw` / ``note_key``): those calls append to a log
+    that exists only inside a test's ``drawing`` block and return nothing, so no release depends on
+    them (the tests check that every mechanism records non-empty draws, which kills a call emptied
+    by a mutant)."""
+    a, b = _INSTRUMENTATION.match(old), _INSTRUMENTATION.match(new)
+    return bool(a and b and a.group(1) == b.group(1))
 
 
 def release_label_only(old: str, new: str) -> bool:
@@ -368,6 +386,9 @@ def equivalence(file: str, old: str, new: str) -> str | None:
         return ("changes only the label of a recorded release, which names the call for people; the "
                 "check of what was released against what is accounted reads its noise multiplier "
                 "or epsilon only")
+    if instrumentation_only(old, new):
+        return ("changes only what a mechanism notes of its draws or keys for the tests (a log kept "
+                "inside a test's drawing block, read by nothing else), not what it releases")
     for f, o, n, why in EQUIVALENT:
         if f == file and o == old and n == new:
             return why

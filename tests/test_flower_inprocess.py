@@ -124,3 +124,25 @@ def test_the_grid_sends_one_query_per_node_then_the_rounds_trains(task_identity,
     trains = [n for kind, n in grid.delivered if kind == "train"]
     assert sorted(queries) == sorted(grid.contexts)
     assert len(trains) == sum(r["clients"] for r in rounds)
+
+
+def test_flower_gives_the_engines_model_with_dropout_and_pruning(task_identity, one_thread):
+    """Dropout masks come from the plan (keyed by round and client) and act on the model's
+    representation; MOON-DPAP with dropout, pruning and central DP through Flower is the engine's
+    bit for bit too."""
+    config = CASES["moon_dpap central"][0].replace(dropout=0.2, prune=True, cosine_lr=True).validate()
+    model, history, draws = through_flower(config, rounds=2)
+    ref_model, ref_history, ref_draws = through_engine(config, rounds=2)
+    assert [d.digest for d in draws] == [d.digest for d in ref_draws]
+    assert all(torch.equal(model[k], ref_model[k]) for k in model)
+    assert [h["train_loss"] for h in history] == [h["train_loss"] for h in ref_history]
+
+
+def test_records_refuse_a_key_they_could_not_split_and_encode_nothing_as_nothing():
+    from fedlib.flower.records import from_records, to_records
+
+    with pytest.raises(ValueError, match="contains"):
+        to_records({"a/b": torch.zeros(1)})
+    for empty in (None, {}):
+        arrays, scalars = to_records(empty)
+        assert len(arrays) == 0 and len(scalars) == 0 and from_records(arrays, scalars) == {}

@@ -54,11 +54,9 @@ class NodeClients:
         from fedlib.experiment import init_params, projection_dim
         from fedlib.models import build_model
 
-        self.config = config
         self.x, self.y = x, y
-        dtype = torch.float64 if config.precision == "float64" else torch.float32
-        self.model = build_model(config.model, dropout=config.dropout,
-                                 proj_dim=projection_dim(config)).to(dtype=dtype)
+        # float32, as the model is built: Flower refuses float64 configs (fedlib.flower.check_supported)
+        self.model = build_model(config.model, dropout=config.dropout, proj_dim=projection_dim(config))
         self.algo = ALGORITHMS[config.algorithm](config, self.model)
         self.algo.bind_clients(sizes)  # the client sizes are public (record-level DP calibrates on them)
         self.init_params = init_params(config, self.model)

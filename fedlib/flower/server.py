@@ -137,6 +137,7 @@ class FedlibStrategy(Strategy):
     # pragma: no mutate end
 
 
+# pragma: no mutate start (wiring the apps for a simulation or a deployment: not privacy code)
 def server_app(configs: list[Config] | None, start: Callable[[Config], Any],
                on_round: Callable[[int, dict, float], None], threads: int = 1) -> ServerApp:
     """A ``ServerApp`` that trains ``configs`` one after another with :class:`FedlibStrategy` over
@@ -169,5 +170,4 @@ def __getattr__(name: str) -> Any:  # ``fedlib.flower.server:app`` for Flower's 
     if name == "app":
         return _deployment_app()
     raise AttributeError(name)
-
-
+# pragma: no mutate end
