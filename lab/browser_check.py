@@ -9,16 +9,18 @@
   math markup but no typeset formula;
 * a figure in the page's content without real alt text (empty, or a file name) or without a
   caption (every image must sit in a ``<figure>`` with a ``<figcaption>``);
-* content wider than the page: after layout, the document scrolls sideways, or an element of
-  the article reaches past the right edge of the window (wide tables must scroll inside their
-  own box, long commands must wrap);
+* content wider than the page: after layout, the document scrolls sideways, an element of the
+  article reaches past the right edge of the window (long commands must wrap), or a table is
+  wider than the article's column, so that some of its columns scroll out of view;
+* a table that shows pandas' row numbers as its first column;
 * raw program output in the prose or tables (``inf``, ``NaN``, internal column names such as
-  ``acc_mean``, a ``Config(...)`` repr, a Python dict);
+  ``acc_mean``, a ``Config(...)`` repr, a Python dict or tuple, an ``<... object>`` repr);
 * a figure shown so much smaller than its pixel width that its text falls below ~10 px;
 * on a page with the privacy explorer: it must draw, have four sliders, change its readout when a
   slider moves (the script moves one), and draw no text under 10 px;
 
-and saves one screenshot per page. Needs Debian's ``chromium`` (``.ci/run`` installs it).
+and saves one screenshot of each whole page (up to :data:`MAX_SHOT_HEIGHT` px), as a reader scrolls
+through it. Needs Debian's ``chromium`` (``.ci/run`` installs it).
 """
 
 from __future__ import annotations
@@ -76,6 +78,20 @@ window.addEventListener("load", function () { setTimeout(function () {
     }
   });
   if (document.documentElement.scrollWidth > w + 2) bad.push("the page scrolls sideways");
+  var article = document.querySelector("article"), col = article ? article.clientWidth : w;
+  document.querySelectorAll("article table").forEach(function (t, i) {
+    var wide = Math.max(t.scrollWidth, t.getBoundingClientRect().width);
+    if (t.scrollWidth > t.clientWidth + 2 || wide > col + 2) {
+      bad.push("table " + (i + 1) + " is " + Math.round(wide) + " px wide in a " + col +
+               " px column: some of it scrolls out of view");
+    }
+    var rows = Array.prototype.slice.call(t.rows);
+    if (rows.length > 2 && rows[0].cells.length > 1 && rows[0].cells[0].textContent.trim() === "") {
+      var body = rows.slice(1), numbered = body.every(function (r, k) {
+        return r.cells.length && r.cells[0].textContent.trim() === String(k); });
+      if (numbered) bad.push("table " + (i + 1) + " shows pandas' row numbers as its first column");
+    }
+  });
   document.querySelectorAll("article figure img").forEach(function (i) {
     if (i.naturalWidth > 0 && i.clientWidth / i.naturalWidth < SCALE) {
       bad.push("figure " + i.getAttribute("src").split("/").pop() + " shown at " +
@@ -83,16 +99,19 @@ window.addEventListener("load", function () { setTimeout(function () {
     }
   });
   var m = document.createElement("div"); m.id = "fedlib-overflow-probe";
-  m.setAttribute("data-overflow", bad.join("; ")); document.body.appendChild(m);
+  m.setAttribute("data-overflow", bad.join("; "));
+  m.setAttribute("data-height", String(document.documentElement.scrollHeight));
+  document.body.appendChild(m);
 }, 2500); });
 </script>"""
-PROBE_RESULT = re.compile(r'id="fedlib-overflow-probe"[^>]*data-overflow="([^"]*)"|'
-                          r'data-overflow="([^"]*)"[^>]*id="fedlib-overflow-probe"')
+PROBE_RESULT = re.compile(r'<div id="fedlib-overflow-probe"([^>]*)>')
+#: Screenshots are of the whole page, up to this height (Chromium's largest surface is 16,384 px).
+MAX_SHOT_HEIGHT = 16_000
 FILE_NAME = re.compile(r"^[\w./-]+\.(png|svg|jpe?g|gif)$", re.IGNORECASE)
 #: Raw program output a reader should never see in the prose or tables of a page: non-finite numbers,
 #: internal column names, a config's repr, a Python dict.
 RAW_OUTPUT = re.compile(r"(?<![\w.-])(-?inf|NaN|nan)(?![\w-])|acc_mean|acc_std|loss_mean|Config\(|"
-                        r"\{'[a-z_]+': ")
+                        r"\{'[a-z_]+': |<[\w.]+ object( at 0x[0-9a-f]+)?>|\('[\w .-]+', -?[\d.]+\)")
 #: A figure shown at less than this fraction of its pixel width shrinks its text below ~10 px (the
 #: figures use 11-pt and larger fonts at 100 dpi; see fedlib.plots).
 MIN_FIGURE_SCALE = 0.6
@@ -215,14 +234,18 @@ def check_page(chromium: str, page: Path, root: Path, shots: Path | None) -> Pag
         if dom.returncode != 0 or not dom.stdout.strip():
             report.problems.append(f"chromium could not load the page: {dom.stderr.strip()[-300:]}")
             return report
-        if shots is not None:
-            out = shots / (rel.replace("/", "__").removesuffix(".html") + ".png")
-            subprocess.run([chromium, *_flags(prof), f"--screenshot={out}", page.as_uri()],
+    overflow, height = ("", None) if redirect else _overflow(chromium, page)
+    if shots is not None:  # the whole page, as a reader scrolls through it
+        out = shots / (rel.replace("/", "__").removesuffix(".html") + ".png")
+        with tempfile.TemporaryDirectory() as prof:
+            flags = [f for f in _flags(prof) if not f.startswith("--window-size")]
+            size = f"--window-size=1280,{min(max(height or 1400, 1400), MAX_SHOT_HEIGHT)}"
+            subprocess.run([chromium, *flags, size, f"--screenshot={out}", page.as_uri()],
                            capture_output=True, timeout=120)
-            if out.exists() and out.stat().st_size > 0:
-                report.screenshot = out
-            else:
-                report.problems.append("no screenshot produced")
+        if out.exists() and out.stat().st_size > 0:
+            report.screenshot = out
+        else:
+            report.problems.append("no screenshot produced")
     if redirect:
         return report
     parsed = _Page()
@@ -256,7 +279,6 @@ def check_page(chromium: str, page: Path, root: Path, shots: Path | None) -> Pag
     if raw_out:
         i = raw_out.start()
         report.problems.append(f"raw program output in the text: ...{text[max(0, i - 40):i + 40]!r}...")
-    overflow = _overflow(chromium, page)
     if overflow:
         report.problems.append(f"content wider than the page: {overflow}")
     if 'id="privacy-explorer"' in page.read_text(errors="replace"):
@@ -283,16 +305,18 @@ def explorer_problems(chromium: str, page: Path) -> list[str]:
     return problems
 
 
-def _overflow(chromium: str, page: Path) -> str:
+def _overflow(chromium: str, page: Path) -> tuple[str, int | None]:
     """Load a copy of ``page`` with :data:`PROBE` added (beside it, so its relative links resolve)
-    and return what the probe found ('' when nothing overflows)."""
+    and return what the probe found ('' when nothing overflows) and the page's height in px."""
     if "</body>" not in page.read_text(errors="replace"):
-        return ""
+        return "", None
     probe = PROBE.replace("SCALE", str(MIN_FIGURE_SCALE))
     m = PROBE_RESULT.search(_dom_with(chromium, page, probe, ".probe-"))
     if m is None:
-        return "the overflow probe did not run"
-    return (m.group(1) or m.group(2) or "").replace("&gt;", ">")
+        return "the overflow probe did not run", None
+    attrs = dict(re.findall(r'data-(\w+)="([^"]*)"', m.group(1)))
+    height = int(attrs["height"]) if attrs.get("height", "").isdigit() else None
+    return attrs.get("overflow", "").replace("&gt;", ">").replace("&#39;", "'"), height
 
 
 def _dom_with(chromium: str, page: Path, script: str, prefix: str) -> str:

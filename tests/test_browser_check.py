@@ -11,8 +11,14 @@ pytestmark = pytest.mark.skipif(
 GOOD = """<html><body><article><p>fine</p>
 <figure><img src="pic.svg" alt="a black square"><figcaption>A square.</figcaption></figure>
 <a href="other.html">x</a><a href="https://example.org">ext</a><a href="#top">anchor</a>
-<div style="max-width: 100%; overflow-x: auto">
+<table><tr><th>method</th><th>accuracy</th></tr><tr><td>FedAvg</td><td>65.3</td></tr></table>
+<div style="height: 3000px">a long page</div>
+</article></body></html>"""
+#: a wide table scrolls inside its box (its columns out of view), a pandas index, raw reprs
+HIDDEN = """<html><body><article style="width: 600px"><div style="max-width: 100%; overflow-x: auto">
 <table style="width: 3000px"><tr><td>wide</td></tr></table></div>
+<table><tr><th></th><th>a</th></tr><tr><td>0</td><td>x</td></tr><tr><td>1</td><td>y</td></tr></table>
+<p>&lt;IPython.core.display.Markdown object&gt; and ('client', 3.0)</p>
 </article></body></html>"""
 BAD = (
     """<html><body><article><p>raw $$x^2$$ here</p><img src="missing.png">
@@ -29,8 +35,16 @@ def test_browser_check_passes_a_good_page_and_flags_a_bad_one(tmp_path):
     (tmp_path / "other.html").write_text(GOOD)
     (tmp_path / "pic.svg").write_text(SVG)
     (tmp_path / "bad.html").write_text(BAD)
+    (tmp_path / "hidden.html").write_text(HIDDEN)
     reports = {r.page: r for r in check_book(tmp_path, tmp_path / "shots")}
     assert reports["index.html"].problems == [] and reports["index.html"].screenshot is not None
+    from matplotlib.image import imread
+
+    assert imread(reports["index.html"].screenshot).shape[0] > 3000  # the whole page, not one screen
+    hidden = " ".join(reports["hidden.html"].problems)
+    assert "table 1 is" in hidden and "scrolls out of view" in hidden
+    assert "table 2 shows pandas' row numbers" in hidden
+    assert "raw program output" in hidden
     problems = " ".join(reports["bad.html"].problems)
     assert "missing image missing.png" in problems
     assert "broken internal link nowhere.html" in problems
