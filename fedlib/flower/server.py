@@ -157,6 +157,9 @@ def server_app(configs: list[Config] | None, start: Callable[[Config], Any],
     return app
 
 
+# pragma: no mutate end
+
+
 def _deployment_app() -> ServerApp:
     """The ``ServerApp`` for ``flwr run`` on a SuperLink (see the Flower page of the book): the
     config comes from the run config, metrics are logged, the result is written on the server."""
@@ -170,4 +173,3 @@ def __getattr__(name: str) -> Any:  # ``fedlib.flower.server:app`` for Flower's 
     if name == "app":
         return _deployment_app()
     raise AttributeError(name)
-# pragma: no mutate end
