@@ -91,6 +91,11 @@ MODELS = {
 }
 
 
+#: The parameters of each model, in the order the fit returns them.
+PARAMETER_NAMES = {"article: Acc_max - alpha log(1/eps + 1)": ("Acc_max", "alpha"),
+                   "logistic in log eps": ("floor", "ceiling", "midpoint (log eps)", "width")}
+
+
 def _fit(model, p0, eps, acc):
     params, _ = optimize.curve_fit(model, eps, acc, p0=p0, maxfev=20_000)
     return params
@@ -117,7 +122,8 @@ def compare_fits(df: pd.DataFrame) -> pd.DataFrame:
         rows.append(
             {
                 "model": name,
-                "parameters": np.round(params, 3).tolist(),
+                "parameters": ", ".join(f"{n} {v:.3g}"
+                                        for n, v in zip(PARAMETER_NAMES[name], params, strict=True)),
                 "rmse": rmse,
                 "held_out_rmse": float(np.sqrt(np.nanmean(np.square(errs)))),
                 "params": params,
