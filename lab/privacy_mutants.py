@@ -29,7 +29,9 @@ fails while any survivor is unexplained.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -456,6 +458,35 @@ def run(workdir: Path | None = None, budget_min: float | None = None, source: Pa
     commit = git_commit()  # of the code as it is copied, not as it is when the run ends
     tmp = Path(workdir or tempfile.mkdtemp(prefix="fedlib-mutants-"))
     tmp.mkdir(parents=True, exist_ok=True)
+    with _exclusive(tmp), _terminate_as_exit():
+        return _run_locked(tmp, workdir, budget_min, source, names, timeout_multiplier, start, commit)
+
+
+@contextlib.contextmanager
+def _exclusive(workdir: Path):
+    """Hold the work folder for one run: a second run there would edit the same files (the key
+    mutants are written into the copy and restored) and build mutmut's state from them."""
+    with open(workdir / ".run.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"another mutation run is using {workdir}: wait for it or stop it") from None
+        yield
+
+
+@contextlib.contextmanager
+def _terminate_as_exit():
+    """SIGTERM (a stopped job) unwinds like an exception, so that a key mutant written into the
+    copy is restored (and a running test process killed) before the run ends."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_locked(tmp: Path, workdir: Path | None, budget_min: float | None, source: Path, names,
+                timeout_multiplier: float | None, start: float, commit: str) -> dict:
     copy_repository(tmp, source)
     if timeout_multiplier is not None:
         cfg = tmp / "pyproject.toml"
@@ -469,6 +500,14 @@ def run(workdir: Path | None = None, budget_min: float | None = None, source: Pa
     budget_s = None if budget_min is None else budget_min * 60
     with open(tmp / "mutmut.log", "a") as log:
         finished = _mutmut_run(tmp, _env(), log, budget_s, list(names))
+        if finished:
+            tested = parse_results(_mutmut(["results", "--all", "true"], tmp, _env()))
+            if all(m["status"] == "not checked" for m in tested):
+                # mutmut exits with 1 for survivors and also when it stops early (a test that fails
+                # on the unmutated code, a bad pragma): then it has made or tested no mutants, and
+                # the key mutants must not run on a copy it may have left half-built
+                raise RuntimeError(f"mutmut made no mutants or stopped before testing any (a test failing "
+                                   f"on the unmutated code, a bad pragma): see {tmp / 'mutmut.log'}")
         if finished and not names:  # then the key mutants (lab.key_mutants), in what is left
             left = None if budget_s is None else max(0.0, budget_s - (time.time() - start))
             finished = key_mutants.test_pending(tmp, tests_fingerprint(tmp), left, log)

@@ -319,3 +319,14 @@ def test_every_file_in_the_mutation_scope_has_well_formed_no_mutate_regions():
     assert len(files) > 10
     for p in files:
         MetadataWrapper(cst.parse_module(p.read_text())).visit(PragmaVisitor(str(p)))  # raises if not
+
+
+def test_a_second_run_in_the_same_work_folder_is_refused(tmp_path):
+    """Two runs in one work folder edited each other's files (a key mutant written by one was
+    copied into mutmut's state by the other): the folder is held for one run."""
+    with pm._exclusive(tmp_path):
+        with pytest.raises(RuntimeError, match="another mutation run"):
+            with pm._exclusive(tmp_path):
+                pass
+    with pm._exclusive(tmp_path):  # released when the run ends
+        pass
