@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     root = Path(args.root or results_dir())
     unknown = 0
-    for folder in (root, root / "flower"):
+    for folder in (root, root / "flower" / "simulation", root / "flower" / "deployment"):
         if not folder.is_dir():
             continue
         report = migrate(folder, args.dry_run)

@@ -32,13 +32,13 @@ def run_flower_all(cs: ConfigSet, seeds: int | None = None, progress: bool = Fal
     """The Flower results of ``cs`` (of each label's first ``seeds`` configs when given):
     committed ones where they exist, the rest trained through one Flower simulation (this needs
     the optional extra: ``pip install -e '.[flower]'``)."""
-    from fedlib.flower.results import FLOWER_DIR
+    from fedlib.flower.results import flower_results_dir
 
     cs = {label: group[:seeds] if seeds else group for label, group in cs.items()}
     found: dict[str, Result] = {}
     missing = []
     for c in (c for group in cs.values() for c in group):
-        hit = load_cached(c, [root / FLOWER_DIR for root in read_roots()])
+        hit = load_cached(c, [flower_results_dir(root, "simulation") for root in read_roots()])
         if hit is not None:
             found[c.key()] = hit
         else:

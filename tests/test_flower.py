@@ -83,7 +83,7 @@ def test_flower_gives_the_engines_global_model(name, flower_results, tmp_path):
         engine = run(config, engine="sequential", root=tmp_path, progress=False)
     finally:
         torch.set_num_threads(threads)
-    a = torch.load(model_path(config, root / "flower"), weights_only=True)
+    a = torch.load(model_path(config, root / "flower" / "simulation"), weights_only=True)
     b = torch.load(model_path(config, tmp_path), weights_only=True)
     assert a.keys() == b.keys()
     for k in a:
@@ -171,3 +171,30 @@ def test_one_worker_process_serves_several_virtual_nodes():
     assert {p: n.clients for p, n in nodes.items()} == {0: [0], 1: [1], 2: [2]}
     with pytest.raises(ValueError, match="partition-id"):
         client._node(config, SimpleNamespace(node_config={}, run_config={}))
+
+
+def test_a_simulation_never_returns_a_deployments_result(tmp_path, monkeypatch):
+    """The runtime is part of a result's identity (issue 40): after a deployment of a config, a
+    simulation of the same config trains its own (here the engine stands in for Ray)."""
+    from fedlib.flower import simulation
+    from fedlib.flower.results import flower_results_dir
+    from fedlib.results import load_cached
+
+    config = CASES["fedavg"].validate()
+    deployed = flower_results_dir(tmp_path, "deployment")
+    run(config, root=deployed, engine="sequential", progress=False)
+    trained = []
+
+    def simulate(configs, root, *args):
+        trained.extend(configs)
+        for c in configs:
+            run(c, root=root, engine="sequential", progress=False)
+
+    monkeypatch.setattr(simulation, "_simulate", simulate)
+    [result] = simulation.run_flower_many([config], root=tmp_path, progress=False)
+    assert trained == [config] and result.path.parent == flower_results_dir(tmp_path, "simulation")
+    simulation.run_flower_many([config], root=tmp_path, progress=False)
+    assert trained == [config]  # its own result is reused the second time
+    assert load_cached(config, [deployed]) is not None  # the deployment's is left as it was
+    with pytest.raises(ValueError, match="unknown Flower runtime"):
+        flower_results_dir(tmp_path, "engine")

@@ -46,7 +46,7 @@ def test_a_local_deployment_gives_the_engines_model_and_leaves_nothing_behind(tm
             engine = run(c, engine="sequential", root=tmp_path / "engine", progress=False, device="cpu")
         finally:
             torch.set_num_threads(threads)
-        a = torch.load(model_path(c, flower_results_dir(tmp_path)), weights_only=True)
+        a = torch.load(model_path(c, flower_results_dir(tmp_path, "deployment")), weights_only=True)
         b = torch.load(model_path(c, tmp_path / "engine"), weights_only=True)
         for k in a:
             torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-5, msg=f"{c.algorithm}: {k}")

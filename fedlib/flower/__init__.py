@@ -16,7 +16,8 @@ algorithm that way, unchanged:
   epsilon through the run's accountant), and the ``ServerApp``.
 * :mod:`fedlib.flower.simulation`: :func:`run_flower` runs one configuration through Flower's
   simulation engine and writes a result like :func:`fedlib.run` does, under
-  ``data/results/flower/`` and marked ``engine: flower``; ``python -m fedlib.flower run ...``.
+  ``data/results/flower/simulation/`` (a deployment's under ``flower/deployment/``), marked
+  ``engine: flower``; ``python -m fedlib.flower run ...``.
 
 Given the same config, a Flower run computes the same function as fedlib's engine: the same
 client sampling, minibatches, dropout masks and privacy noise (all keyed by the config, round

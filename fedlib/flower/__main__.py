@@ -2,7 +2,7 @@
 through Flower, in its simulation engine (``run``) or on its Deployment Runtime with a SuperLink and
 ``--nodes`` SuperNodes on this machine (``deploy``, :mod:`fedlib.flower.deploy`). Every
 :class:`~fedlib.config.Config` field is an option, as in ``python -m fedlib run``; the result goes to
-``data/results/flower/``."""
+``data/results/flower/<runtime>/``."""
 
 from __future__ import annotations
 

@@ -215,7 +215,7 @@ def deploy(configs: list[Config], nodes: int = 3, root: Path | None = None, time
         with MemorySampler() as memory, Deployment(configs, nodes, root, workdir) as d:
             for i, c in enumerate(configs):
                 wall = d.run(i, timeout_s, progress)
-                path = result_path(c, flower_results_dir(root))
+                path = result_path(c, flower_results_dir(root, "deployment"))
                 if not path.exists():
                     raise RuntimeError(f"the ServerApp wrote no result for {c.algorithm}-{c.key()} "
                                        f"(see {workdir})")

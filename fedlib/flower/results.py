@@ -1,6 +1,8 @@
 """What the Flower server keeps of a run, shared by the simulation and the deployment: where Flower
-results live (``<results>/flower/``, apart from the engine's), the peak memory of the process tree,
-and :class:`ResultWriter`, which turns the strategy's rounds into a fedlib result file."""
+results live (``<results>/flower/<runtime>/``, apart from the engine's and from each other's: the
+runtime is part of a result's identity, so neither runtime returns the other's cached result), the
+peak memory of the process tree, and :class:`ResultWriter`, which turns the strategy's rounds into a
+fedlib result file (its ``meta.flower.mode`` names the runtime)."""
 
 from __future__ import annotations
 
@@ -15,12 +17,17 @@ from tqdm import tqdm
 from fedlib.config import Config
 from fedlib.results import Result, results_dir
 
-#: Sub-folder of the results folder that holds Flower runs.
+#: Sub-folder of the results folder that holds Flower runs, one folder per runtime below it.
 FLOWER_DIR = "flower"
+#: Flower's runtimes (Simulation and Deployment Runtime): each keeps its results apart.
+RUNTIMES = ("simulation", "deployment")
 
 
-def flower_results_dir(root: Path | None = None) -> Path:
-    return Path(root or results_dir()) / FLOWER_DIR
+def flower_results_dir(root: Path | None = None, runtime: str = "simulation") -> Path:
+    """Where ``runtime``'s results live under the results folder ``root``."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown Flower runtime {runtime!r}; choose from {RUNTIMES}")
+    return Path(root or results_dir()) / FLOWER_DIR / runtime
 
 
 class MemorySampler:
@@ -74,7 +81,8 @@ class ResultWriter:
 
     @classmethod
     def for_deployment(cls) -> ResultWriter:
-        return cls(flower_results_dir(), progress=False, extra={"flower": {"mode": "deployment"}})
+        return cls(flower_results_dir(runtime="deployment"), progress=False,
+                   extra={"flower": {"mode": "deployment"}})
 
     def start(self, config: Config):
         from fedlib.run import Trainee
