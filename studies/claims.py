@@ -60,6 +60,11 @@ def name_of(key) -> str:
 #: The classes that count as evidence about a paper.
 EVIDENCE = (Verdict.REPRODUCED, Verdict.PARTLY, Verdict.NOT_REPRODUCED)
 
+def seeds(n: int) -> str:
+    """``n`` seeds in words ("1 seed", "3 seeds")."""
+    return f"{n} seed{'s' if n != 1 else ''}"
+
+
 #: Seeds an ordering or a gap needs before it can be judged.
 MIN_SEEDS = 3
 
@@ -142,7 +147,7 @@ def number(
     An absolute number needs the paper's setting: other profiles are inconclusive."""
     m, lo, hi = mean_ci(values)
     ours = (
-        f"{_interval(m, lo, hi, unit)} over {len(values)} seed(s); paper {published:g}{unit} ± {tolerance:g}"
+        f"{_interval(m, lo, hi, unit)} over {seeds(len(values))}; paper {published:g}{unit} ± {tolerance:g}"
     )
     if profile == "smoke":
         return not_evaluated(claim, ours)
@@ -196,12 +201,12 @@ def ordering(
     is inconclusive at this profile; without ``cut`` the same margin applies away from the paper
     profile for the generic reason of :func:`margin_reason` (one rule for every study)."""
     m, lo, hi = paired_ci(better, worse)
-    ours = f"{what} {_interval(m, lo, hi, unit)}, {len(better)} seeds"
+    ours = f"{what} {_interval(m, lo, hi, unit)}, {seeds(len(better))}"
     if profile == "smoke":
         return not_evaluated(claim, ours)
     if len(better) < MIN_SEEDS:
         return Finding(
-            claim, ours, Verdict.INCONCLUSIVE, f"{len(better)} seed(s): an ordering needs {MIN_SEEDS}"
+            claim, ours, Verdict.INCONCLUSIVE, f"{seeds(len(better))}: an ordering needs {MIN_SEEDS}"
         )
     why = margin_reason(profile, cut)
     if why and not (lo > DECISIVE_MARGIN or hi < -DECISIVE_MARGIN):
@@ -261,7 +266,7 @@ def close(
                        f"the two agree to {INERT:g} points in every seed: {inert_reason}; true by "
                        "construction, not evidence")
     if len(a) < MIN_SEEDS:
-        return Finding(claim, ours, Verdict.INCONCLUSIVE, f"{len(a)} seed(s): a comparison needs {MIN_SEEDS}")
+        return Finding(claim, ours, Verdict.INCONCLUSIVE, f"{seeds(len(a))}: a comparison needs {MIN_SEEDS}")
     if -margin <= lo and hi <= margin:
         return Finding(claim, ours, Verdict.REPRODUCED, f"the 95 % interval lies within ±{margin:g} points")
     if lo > margin or hi < -margin:
@@ -285,7 +290,7 @@ def gap(
     if profile == "smoke":
         return not_evaluated(claim, ours)
     if len(a) < MIN_SEEDS:
-        return Finding(claim, ours, Verdict.INCONCLUSIVE, f"{len(a)} seed(s): a gap needs {MIN_SEEDS}")
+        return Finding(claim, ours, Verdict.INCONCLUSIVE, f"{seeds(len(a))}: a gap needs {MIN_SEEDS}")
     if cut and profile != "paper" and not (lo > DECISIVE_MARGIN or hi < -DECISIVE_MARGIN):
         return Finding(claim, ours, Verdict.INCONCLUSIVE,
                        f"inconclusive at this profile: {cut}; a gap's direction needs its 95 % interval "
@@ -375,7 +380,7 @@ def reachable(
     cis = {e: mean_ci(by_epsilon[e]) for e in grid}
     best = max(grid, key=lambda e: cis[e][0])
     ours = (f"best at epsilon <= {max_epsilon:g}: {_interval(*cis[best], unit)} at epsilon = {best:g} "
-            f"({len(by_epsilon[best])} seed(s)); level {target:g}{unit} ± {tolerance:g}")
+            f"({seeds(len(by_epsilon[best]))}); level {target:g}{unit} ± {tolerance:g}")
     if profile == "smoke":
         return not_evaluated(claim, ours)
     if profile != "paper":
@@ -406,7 +411,7 @@ def peak(claim: str, at: Hashable, by_seed: Mapping, profile: str, cut: str | No
         return not_evaluated(claim, ours)
     n = len(by_seed[at])
     if n < MIN_SEEDS:
-        return Finding(claim, ours, Verdict.INCONCLUSIVE, f"{n} seed(s): a peak needs {MIN_SEEDS}")
+        return Finding(claim, ours, Verdict.INCONCLUSIVE, f"{seeds(n)}: a peak needs {MIN_SEEDS}")
     why = margin_reason(profile, cut)
     if why and not all(lo > DECISIVE_MARGIN or hi < -DECISIVE_MARGIN for _, lo, hi in cis.values()):
         return Finding(claim, ours, Verdict.INCONCLUSIVE,

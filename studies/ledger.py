@@ -183,7 +183,7 @@ def verdict_counts(df: pd.DataFrame, papers: list[str] | None = None) -> pd.Data
         g = g[about_paper(g)]
         n = {v: int((g["verdict"] == v).sum()) for v in Verdict}
         rows.append({"paper": paper, **{v.value: n[v] for v in shown},
-                     "claims": sum(n[v] for v in shown), "sanity checks (apart)": n[Verdict.SANITY],
+                     "total": sum(n[v] for v in shown), "sanity checks (apart)": n[Verdict.SANITY],
                      "about our code or reading (apart)": len(apart)})
     out = pd.DataFrame(rows)
     total = {"paper": "all three papers", **{c: int(out[c].sum()) for c in out.columns if c != "paper"}}

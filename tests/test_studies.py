@@ -272,7 +272,7 @@ def test_rows_about_our_code_or_reading_are_shown_and_counted_apart():
     df["verdict"] = [c.Verdict(v) for v in df["verdict"]]
     counts = ledger.verdict_counts(df, ["P"]).iloc[0]
     assert counts["reproduced"] == 1 and counts["not reproduced"] == 1 and counts["partly"] == 0
-    assert counts["claims"] == 2 and counts["about our code or reading (apart)"] == 2
+    assert counts["total"] == 2 and counts["about our code or reading (apart)"] == 2
     line = ledger.bottom_line(df, "P")
     assert "Judged** 2 of 2 claims" in line and "2 more about our code or reading" in line
     assert "**Not reproduced**: b." in line  # the reading-dependent row is not listed against the paper
