@@ -367,3 +367,15 @@ def test_trained_summary_counts_devices_from_provenance(pages, tmp_path, monkeyp
     assert rows == [{"study": "FDL", "needed": 3, "trained": 1, "devices": {"CPU": 1},
                      "hours": rows[0]["hours"]}]
     assert campaign.trained_sentence(rows) == "1 of 3 configurations trained: FDL 1 of 3 (1 on a CPU)"
+
+
+def test_a_niced_campaign_makes_its_session_yield(tmp_path, monkeypatch):
+    """nice alone ranks processes within one session; the campaign writes its niceness to its
+    autogroup so that the background run yields to the foreground work (issue 39)."""
+    group = tmp_path / "autogroup"
+    group.write_text("/autogroup-7 nice 0\n")
+    monkeypatch.setattr(campaign.os, "nice", lambda inc: 19)
+    assert campaign.yield_to_foreground(group) == 19 and group.read_text() == "19"
+    monkeypatch.setattr(campaign.os, "nice", lambda inc: 0)
+    assert campaign.yield_to_foreground(group) is None  # not niced: nothing to do
+    assert campaign.yield_to_foreground(tmp_path / "absent") is None
