@@ -1,6 +1,8 @@
 """fedlib on Flower's Deployment Runtime: a SuperLink and 3 SuperNodes started as local processes,
-each SuperNode holding only its own clients' data, run FedAvg and a local-DP algorithm for 2 rounds
-and give the engine's global model; every process they started is gone afterwards."""
+over TLS with SuperNode authentication, each SuperNode holding only its own clients' data, run
+FedAvg and a local-DP algorithm for 2 rounds and give the engine's global model; a SuperNode with an
+unregistered key and one without the CA certificate are turned away; every process they started and
+every key they made is gone afterwards."""
 
 from __future__ import annotations
 
@@ -22,23 +24,48 @@ CONFIGS = [Config(algorithm="fedavg", clients=4, **SMOKE), Config(algorithm="ldp
 @pytest.mark.e2e
 def test_a_local_deployment_gives_the_engines_model_and_leaves_nothing_behind(tmp_path):
     from fedlib.flower import deploy as deploy_mod
+    from fedlib.flower.credentials import node_key
     from fedlib.flower.results import flower_results_dir
 
-    started = []
-    real = deploy_mod.Deployment.__exit__
+    started, intruders = [], {}
+    real_enter, real_exit = deploy_mod.Deployment.__enter__, deploy_mod.Deployment.__exit__
 
-    def spy(self, *exc):
+    def enter_then_intrude(self):
+        real_enter(self)
+        cred = self.credentials
+        assert cred is not None and (cred.folder.stat().st_mode & 0o777) == 0o700
+        stranger = node_key(cred.folder, "stranger")  # a valid key pair the SuperLink never registered
+        give_up = ("--max-retries", "2", "--max-wait-time", "30")
+        procs = {"unregistered key": self.start_node(0, stranger.private, cred.ca_cert, give_up,
+                                                     "stranger.log"),
+                 "no CA certificate": self.start_node(1, cred.nodes[1].private, None, give_up, "no-ca.log")}
+        for what, p in procs.items():
+            intruders[what] = p.wait(timeout=180)
+        return self
+
+    def spy_exit(self, *exc):
         started.append(self)
-        return real(self, *exc)
+        return real_exit(self, *exc)
 
-    deploy_mod.Deployment.__exit__ = spy
+    deploy_mod.Deployment.__enter__, deploy_mod.Deployment.__exit__ = enter_then_intrude, spy_exit
+    keep = tmp_path / "deployment"
     try:
-        results = deploy_mod.deploy(CONFIGS, nodes=3, root=tmp_path, progress=False, timeout_s=900)
+        with pytest.warns(UserWarning, match="seeded randomness"):
+            results = deploy_mod.deploy(CONFIGS, nodes=3, root=tmp_path, progress=False, timeout_s=900,
+                                        keep=keep)
     finally:
-        deploy_mod.Deployment.__exit__ = real
+        deploy_mod.Deployment.__enter__, deploy_mod.Deployment.__exit__ = real_enter, real_exit
     assert started and started[0].leftovers() == []  # no SuperLink, SuperNode or app process left
+    assert not started[0].credentials.folder.parent.exists()  # no certificate or key left on disk
+    # both intruders gave up with Flower's "could not connect to the SuperLink" (exit code 305)
+    assert all(rc != 0 for rc in intruders.values()) and len(intruders) == 2, intruders
+    stranger, no_ca = (keep / "stranger.log").read_text(), (keep / "no-ca.log").read_text()
+    assert "Exit Code: 305" in stranger and "Failed to activate SuperNode" in stranger
+    assert "Exit Code: 305" in no_ca and "CERTIFICATE_VERIFY_FAILED" in no_ca
+    assert "https://127.0.0.1" in (keep / "superlink.log").read_text()
     for c, r in zip(CONFIGS, results, strict=True):
         assert r.meta["engine"] == "flower" and r.meta["flower"]["mode"] == "deployment"
+        assert r.meta["flower"]["transport"] == "tls+supernode-auth" and r.config.randomness == "seeded"
         assert r.meta["flower"]["nodes"] == 3 and r.meta["flower"]["peak_rss_mb"] > 0
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # as each ClientApp
@@ -106,3 +133,46 @@ def test_a_sigterm_stops_every_process_the_deployment_started(tmp_path):
     assert _marked(marker) == []
     for pid in map(int, pids):
         assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
+
+
+def test_deployment_credentials_are_private_and_chain_to_their_ca(tmp_path):
+    """The CA signs the SuperLink's certificate for 127.0.0.1; the node keys are P-384 keys Flower's
+    ``flwr supernode register`` accepts; the folder is 0700 and every file 0600."""
+    import ipaddress
+
+    from cryptography import x509
+    from flwr.cli.supernode.register import try_load_public_key
+
+    from fedlib.flower.credentials import make_credentials
+
+    cred = make_credentials(tmp_path / "keys", nodes=2)
+    assert (cred.folder.stat().st_mode & 0o777) == 0o700
+    assert {f.name: f.stat().st_mode & 0o777 for f in cred.folder.iterdir()} == {
+        name: 0o600 for name in ("ca.crt", "superlink.crt", "superlink.key", "node0", "node0.pub",
+                                 "node1", "node1.pub")}
+    ca = x509.load_pem_x509_certificate(cred.ca_cert.read_bytes())
+    server = x509.load_pem_x509_certificate(cred.server_cert.read_bytes())
+    server.verify_directly_issued_by(ca)  # raises if the signature or issuer does not match
+    sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert ipaddress.ip_address("127.0.0.1") in sans.get_values_for_type(x509.IPAddress)
+    keys = [try_load_public_key(k.public) for k in cred.nodes]
+    assert len(set(keys)) == 2  # two different keys
+    with pytest.raises(FileExistsError):
+        make_credentials(tmp_path / "keys", nodes=1)  # never writes into an existing folder
+
+
+def test_the_deploy_command_is_secure_and_secret_unless_told_otherwise(monkeypatch):
+    from fedlib.flower import __main__ as cli
+    from fedlib.flower import deploy as deploy_mod
+
+    seen = []
+
+    def fake_deploy(configs, **kw):
+        seen.append((configs[0].randomness, kw["secure"]))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(deploy_mod, "deploy", fake_deploy)
+    base = ["deploy", "--algorithm", "fedavg", "--clients", "4", "--rounds", "1"]
+    assert cli.main(base) == 1
+    assert cli.main([*base, "--randomness", "seeded", "--insecure"]) == 1
+    assert seen == [("secret", True), ("seeded", False)]

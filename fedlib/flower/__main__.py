@@ -34,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--keep", type=Path, default=None, help="keep the deployment's folder (logs) here")
     d.add_argument("--json", action="store_true", help="print the final metrics as one JSON line")
     d.add_argument("--no-progress", action="store_true")
+    d.add_argument("--insecure", action="store_true",
+                   help="no TLS and no SuperNode authentication (any local process can read and join)")
+    # a deployment draws privacy noise and samples clients from OS entropy unless told otherwise
+    d.set_defaults(randomness="secret")
     args = parser.parse_args(argv)
 
     fields = {f.name for f in dataclasses.fields(Config)}
@@ -49,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         from fedlib.flower.deploy import deploy
         try:
             result = deploy([config], nodes=args.nodes, timeout_s=args.timeout, progress=not args.no_progress,
-                            keep=args.keep)[0]
+                            keep=args.keep, secure=not args.insecure)[0]
         except (ValueError, RuntimeError, TimeoutError) as e:
             print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
             return 1
@@ -65,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(finite_json({
             "test_acc": final["test_acc"], "test_loss": final["test_loss"], "round": final["round"],
             "result_path": str(result.path), "config_key": config.key(), "engine": result.meta["engine"],
-            "mode": flower.get("mode"), "startup_s": flower.get("startup_s"),
+            "mode": flower.get("mode"), "transport": flower.get("transport"),
+            "randomness": config.randomness, "startup_s": flower.get("startup_s"),
             "peak_rss_mb": flower.get("peak_rss_mb")}), allow_nan=False))
     return 0
 

@@ -10,14 +10,15 @@ writes the result like :func:`fedlib.run` under ``<results>/flower/`` (``engine:
 ``flower.mode: deployment``), with the start-up time, the wall time and the peak memory of the whole
 process tree.
 
-What is and is not real here: the processes talk over the network stack (HTTP on localhost), each
+What is and is not real here: the processes talk over the network stack (HTTPS on localhost), each
 SuperNode runs its ClientApp in a subprocess per message, keeps its clients' state, and holds only
-its clients' data. The connections are not encrypted and the SuperNodes not authenticated
-(``--insecure``); on real machines a deployment uses TLS certificates and SuperNode authentication,
-and the server learns the clients' sample counts from them (here the server process derives them,
-and its test set, from the config). The ServerApp trains with the config's randomness: ``seeded``
-(the default here, so that a deployment reproduces the engine's model) or ``secret`` (OS entropy,
-what a real deployment would use).
+its clients' data. By default every connection is TLS, checked against a CA made for this
+deployment, and the SuperLink admits only the SuperNodes whose public keys the deployment
+registered (:mod:`fedlib.flower.credentials`; keys in a private temporary folder, deleted at the
+end); ``secure=False`` is Flower's ``--insecure``. The server learns the clients' sample counts from
+the config here, where a real one would learn them from the nodes. The ServerApp trains with the
+config's randomness: ``secret`` (OS entropy; the command line's default) or ``seeded`` (public
+seeds, so that a deployment reproduces the engine's model: what the tests use).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import uuid
 from pathlib import Path
 
 from fedlib.config import Config
+from fedlib.flower.credentials import Credentials, make_credentials
 from fedlib.results import REPO_ROOT, Result, result_path, results_dir
 
 APP_DIR = Path(__file__).resolve().parent / "app"
@@ -64,8 +66,10 @@ def _marked(marker: str) -> list[int]:
 class Deployment:
     """A SuperLink and SuperNodes on this machine, started on entry and stopped on exit."""
 
-    def __init__(self, configs: list[Config], nodes: int, root: Path, workdir: Path):
+    def __init__(self, configs: list[Config], nodes: int, root: Path, workdir: Path, secure: bool = True):
         self.configs, self.nodes, self.root, self.workdir = configs, nodes, Path(root), Path(workdir)
+        self.secure = secure
+        self.credentials: Credentials | None = None
         self.marker = uuid.uuid4().hex
         self.procs: list[subprocess.Popen] = []
         self.port = free_port()
@@ -84,11 +88,6 @@ class Deployment:
         return p
 
     def __enter__(self) -> Deployment:
-        import torch
-
-        from fedlib.experiment import Experiment
-        from fedlib.flower.client import write_node_data
-
         # a SIGTERM (timeout, kill, a job scheduler) must still stop every process started here:
         # Python runs no cleanup on SIGTERM unless it is turned into an exception
         self._old_term = None
@@ -97,10 +96,30 @@ class Deployment:
                 raise SystemExit(128 + signum)
 
             self._old_term = signal.signal(signal.SIGTERM, _terminate)
+        try:
+            self._set_up()
+        except BaseException:
+            self.__exit__(None, None, None)  # stop what was started and delete the keys
+            raise
+        return self
+
+    def _set_up(self) -> None:
+        import torch
+
+        from fedlib.experiment import Experiment
+        from fedlib.flower.client import write_node_data
+
         home = self.workdir / "flwr-home"
         home.mkdir(parents=True, exist_ok=True)
+        if self.secure:
+            # keys live apart from the work folder (which --keep keeps for its logs) and go at exit
+            self.credentials = make_credentials(Path(tempfile.mkdtemp(prefix="fedlib-keys-")) / "keys",
+                                                self.nodes)
+            connection = f'root-certificates = "{self.credentials.ca_cert}"\n'
+        else:
+            connection = "insecure = true\n"
         (home / "config.toml").write_text(f'[superlink]\ndefault = "fedlib"\n\n[superlink.fedlib]\n'
-                                          f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
+                                          f'address = "127.0.0.1:{self.port}"\n{connection}')
         # the data owner deals each config's clients out to the nodes: one file per node and config
         for i, c in enumerate(self.configs):
             exp = Experiment(c, torch.device("cpu"))
@@ -108,15 +127,37 @@ class Deployment:
                 clients = list(range(n, c.clients, self.nodes))
                 write_node_data(c, clients, self.workdir / f"node{n}-{i}.pt", exp)
         self.t0 = time.time()
-        self._start(["flower-superlink", "--insecure", "--port", str(self.port),
+        cred = self.credentials
+        link_security = (["--ssl-certfile", str(cred.server_cert), "--ssl-keyfile", str(cred.server_key),
+                          "--ssl-ca-certfile", str(cred.ca_cert), "--enable-supernode-auth"]
+                         if cred else ["--insecure"])
+        self._start(["flower-superlink", *link_security, "--port", str(self.port),
                      "--disable-runtime-dependency-installation"], "superlink.log")
         self._wait_for_port(self.port)
         for n in range(self.nodes):
-            config = f'data-dir="{self.workdir}" node-id={n}'  # where its data files are, which node it is
-            self._start(["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
-                         "--port", str(free_port()), "--node-config", config], f"supernode{n}.log")
+            if cred:
+                self.register(cred.nodes[n].public)
+            self.start_node(n, cred.nodes[n].private if cred else None, cred.ca_cert if cred else None)
         self.startup_s = time.time() - self.t0
-        return self
+
+    def register(self, public_key: Path) -> None:
+        """Register a SuperNode's public key with the SuperLink (``flwr supernode register``)."""
+        out = subprocess.run(["flwr", "supernode", "register", str(public_key), "fedlib"], env=self.env,
+                             cwd=self.workdir, capture_output=True, text=True, timeout=120)
+        if out.returncode != 0:
+            raise RuntimeError(f"could not register a SuperNode key: {(out.stdout + out.stderr)[-500:]}")
+
+    def start_node(self, n: int, private_key: Path | None, ca_cert: Path | None,
+                   extra: tuple[str, ...] = (), log: str | None = None) -> subprocess.Popen:
+        """Start SuperNode ``n`` (it plays clients ``n, n + nodes, ...``): over TLS checked against
+        ``ca_cert`` and signing with ``private_key`` when given, unencrypted when neither is."""
+        config = f'data-dir="{self.workdir}" node-id={n}'  # where its data files are, which node it is
+        security = ["--insecure"] if ca_cert is None and private_key is None else [
+            *(["--root-certificates", str(ca_cert)] if ca_cert else []),
+            *(["--auth-supernode-private-key", str(private_key)] if private_key else [])]
+        return self._start(["flower-supernode", *security, "--superlink", f"127.0.0.1:{self.port}",
+                            "--port", str(free_port()), "--node-config", config, *extra],
+                           log or f"supernode{n}.log")
 
     def _wait_for_port(self, port: int, timeout: float = 120.0) -> None:
         start = time.time()
@@ -188,6 +229,8 @@ class Deployment:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        if self.credentials is not None:
+            shutil.rmtree(self.credentials.folder.parent, ignore_errors=True)
 
     def leftovers(self) -> list[int]:
         """Processes of this deployment still alive (should be none after exit)."""
@@ -195,9 +238,17 @@ class Deployment:
 
 
 def deploy(configs: list[Config], nodes: int = 3, root: Path | None = None, timeout_s: float = 3600,
-           progress: bool = True, keep: Path | None = None) -> list[Result]:
+           progress: bool = True, keep: Path | None = None, secure: bool = True) -> list[Result]:
     """Run ``configs`` one after another on a local SuperLink and ``nodes`` SuperNodes (see the
-    module docstring); return their results (under ``<root>/flower/``)."""
+    module docstring); return their results (under ``<root>/flower/deployment/``).
+
+    ``secure`` (the default) runs every connection over TLS and admits only the SuperNodes whose
+    keys this deployment registered (:mod:`fedlib.flower.credentials`); ``secure=False`` is
+    Flower's ``--insecure`` and warns. A config with ``randomness="seeded"`` draws its privacy noise
+    and samples its clients from public seeds (reproducible, the engine's numbers, not private):
+    it warns too; ``python -m fedlib.flower deploy`` uses ``secret`` unless told otherwise."""
+    import warnings
+
     from fedlib.flower import check_supported, require_flower
     from fedlib.flower.results import MemorySampler, flower_results_dir
 
@@ -207,12 +258,19 @@ def deploy(configs: list[Config], nodes: int = 3, root: Path | None = None, time
         check_supported(c)
         if not 1 <= nodes <= c.clients:
             raise ValueError(f"--nodes must be in [1, clients = {c.clients}], got {nodes}")
+    if not secure:
+        warnings.warn("insecure deployment: updates travel unencrypted and any local process can join "
+                      "as a SuperNode", stacklevel=2)
+    if any(c.randomness == "seeded" for c in configs):
+        warnings.warn("seeded randomness: the privacy noise and client sampling follow from the public "
+                      "config (reproducible, not private); a real deployment uses randomness='secret'",
+                      stacklevel=2)
     root = Path(root or results_dir())
     workdir = Path(keep or tempfile.mkdtemp(prefix="fedlib-deploy-"))
     workdir.mkdir(parents=True, exist_ok=True)
     out = []
     try:
-        with MemorySampler() as memory, Deployment(configs, nodes, root, workdir) as d:
+        with MemorySampler() as memory, Deployment(configs, nodes, root, workdir, secure) as d:
             for i, c in enumerate(configs):
                 wall = d.run(i, timeout_s, progress)
                 path = result_path(c, flower_results_dir(root, "deployment"))
@@ -221,6 +279,7 @@ def deploy(configs: list[Config], nodes: int = 3, root: Path | None = None, time
                                        f"(see {workdir})")
                 r = Result.load(path, expect=c)
                 r.meta["flower"] = {**r.meta.get("flower", {}), "nodes": nodes,
+                                    "transport": "tls+supernode-auth" if secure else "insecure",
                                     "startup_s": round(d.startup_s, 2), "run_wall_s": round(wall, 2),
                                     "peak_rss_mb": round(memory.sample(), 1)}
                 r.save(path)
