@@ -11,9 +11,23 @@ from matplotlib.ticker import MaxNLocator
 
 from fedlib.results import Result
 
-#: The book's figure style: text no smaller than 10 pt at 100 dpi, so that a figure shown at the
-#: page's width (about 800 px at 1280 px) keeps its labels readable; set when this module loads.
-STYLE = {"figure.dpi": 100, "savefig.dpi": 100, "font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11,
+#: Pixels per inch of every figure of the book (the PNG the notebooks show).
+DPI = 100
+#: The smallest text a figure of the book draws, in points (footers, dense legends); the style's own
+#: sizes are larger. At :data:`DPI` it is 12.5 px in the saved image.
+MIN_FONT_PT = 9
+#: The smallest text a reader should meet, in CSS px, after the page scales the figure down.
+MIN_TEXT_PX = 9
+#: A figure shown at less than this fraction of its pixel width draws text under MIN_TEXT_PX:
+#: 9 px / (9 pt x 100/72 px per pt) = 0.72. The browser check holds every figure of the book to it.
+MIN_SCALE = MIN_TEXT_PX / (MIN_FONT_PT * DPI / 72)
+#: The widest figure (inches) that the book's content column (about 660 px at a 1280 px window)
+#: shows at MIN_SCALE or more: 660 / 0.72 / 100 dpi = 9.2 in, less a margin for what a tight
+#: bounding box adds (legends outside the axes, the footer).
+MAX_WIDTH_IN = 9.0
+
+#: The book's figure style, set when this module loads: no text under MIN_FONT_PT.
+STYLE = {"figure.dpi": DPI, "savefig.dpi": DPI, "font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11,
          "xtick.labelsize": 10, "ytick.labelsize": 10, "legend.fontsize": 10, "legend.title_fontsize": 10}
 plt.rcParams.update(STYLE)
 
@@ -52,7 +66,7 @@ def provenance_label(result: Result) -> str:
 def learning_curves(results: Sequence[Result], labels: Sequence[str] | None = None,
                     title: str | None = None):
     """Test accuracy and loss per round, one line per result."""
-    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(MAX_WIDTH_IN, 3.6))
     for i, r in enumerate(results):
         df = r.frame().dropna(subset=["test_acc"])
         label = labels[i] if labels else LABELS.get(r.config.algorithm, r.config.algorithm)
@@ -68,17 +82,16 @@ def learning_curves(results: Sequence[Result], labels: Sequence[str] | None = No
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
-    if results:
-        fig.text(0.99, 0.01, provenance_label(results[0]), ha="right", va="bottom",
-                 fontsize=8, color="0.4")
     fig.tight_layout()
+    if results:
+        add_footer(fig, provenance_label(results[0]))
     return fig
 
 
 def partition_plot(counts: np.ndarray, title: str | None = None, ax=None):
     """Stacked bars: samples of each class (colour) held by each client (x)."""
     if ax is None:
-        _, ax = plt.subplots(figsize=(10, 3.2))
+        _, ax = plt.subplots(figsize=(MAX_WIDTH_IN, 3.2))
     n_clients, n_classes = counts.shape
     bottom = np.zeros(n_clients)
     pal = sns.color_palette("tab10", n_classes)
@@ -86,7 +99,7 @@ def partition_plot(counts: np.ndarray, title: str | None = None, ax=None):
         ax.bar(np.arange(n_clients), counts[:, k], bottom=bottom, color=pal[k], label=str(k), width=0.85)
         bottom += counts[:, k]
     ax.set(xlabel="client", ylabel="training samples", xticks=np.arange(n_clients))
-    ax.legend(title="class", ncol=10, fontsize=8, title_fontsize=9, frameon=False,
+    ax.legend(title="class", ncol=10, fontsize=MIN_FONT_PT, title_fontsize=MIN_FONT_PT, frameon=False,
               loc="upper center", bbox_to_anchor=(0.5, 1.18))
     if title:
         ax.set_title(title, pad=28)
@@ -108,7 +121,7 @@ def mean_curves(curves: dict, title: str | None = None, footer: str | None = Non
     names. ``reference`` maps a legend text to a published ``(accuracy %, loss)`` drawn as
     horizontal lines (either may be None). The legend sits below the panels.
     """
-    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10.5, 4.4))
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(MAX_WIDTH_IN, 4.4))
     drawn: dict[str, object] = {}
     for i, (label, df) in enumerate(curves.items()):
         key = str(label).split(" (")[0]
@@ -143,16 +156,33 @@ def mean_curves(curves: dict, title: str | None = None, footer: str | None = Non
     # as many columns as the longest entry lets fit in the figure's width (about 6.5 px a character
     # at 9 pt and 100 dpi, 50 px for the line sample): a wider legend would widen the saved figure
     longest = max((len(x) for x in labels), default=0)
-    ncol = next((n for n in (4, 3, 2) if n <= len(labels) and longest <= (1000 / n - 50) / 6.5), 1)
+    fits = [n for n in (4, 3, 2) if n <= len(labels) and longest <= (DPI * MAX_WIDTH_IN / n - 50) / 6.5]
+    ncol = next(iter(fits), 1)
     ncol = min(ncol, max(1, len(labels)))
-    fig.legend(handles, labels, loc="lower center", ncol=ncol, frameon=False, fontsize=9)
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, frameon=False, fontsize=MIN_FONT_PT)
     if title:
         fig.suptitle(title)
     rows = (len(labels) + ncol - 1) // ncol
     fig.tight_layout(rect=(0, 0.06 + 0.045 * rows, 1, 1))
     if footer:
-        fig.text(0.99, 0.005, footer, ha="right", va="bottom", fontsize=8, color="0.4")
+        add_footer(fig, footer)
     return fig
+
+
+def add_footer(fig, text: str):
+    """Draw ``text`` (a provenance line) under everything the figure already holds, right-aligned:
+    below the axes and below any legend, also one placed outside the axes, so that nothing overprints
+    it. Call it last. Saved with a tight bounding box (the notebooks' default) the image grows
+    downwards to hold it."""
+    from matplotlib.transforms import Bbox
+
+    renderer = fig.canvas.get_renderer()
+    boxes = [a.get_tightbbox(renderer) for a in fig.get_children() if a.get_visible()]
+    inches = Bbox.union([b for b in boxes if b is not None and b.width > 0]).transformed(
+        fig.dpi_scale_trans.inverted())
+    gap = 0.04  # inches between the lowest artist and the footer's top
+    return fig.text(min(0.99, inches.x1 / fig.get_figwidth()), (inches.y0 - gap) / fig.get_figheight(),
+                    text, ha="right", va="top", fontsize=MIN_FONT_PT, color="0.4")
 
 
 def footer(results) -> str:

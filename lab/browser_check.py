@@ -15,7 +15,8 @@
 * a table that shows pandas' row numbers as its first column;
 * raw program output in the prose or tables (``inf``, ``NaN``, internal column names such as
   ``acc_mean``, a ``Config(...)`` repr, a Python dict or tuple, an ``<... object>`` repr);
-* a figure shown so much smaller than its pixel width that its text falls below ~10 px;
+* a figure shown so much smaller than its pixel width that its smallest text falls below 9 px
+  (:data:`fedlib.plots.MIN_SCALE`);
 * on a page with the privacy explorer: it must draw, have four sliders, change its readout when a
   slider moves (the script moves one), and draw no text under 10 px;
 
@@ -36,6 +37,8 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlparse
+
+from fedlib.plots import MIN_SCALE, MIN_TEXT_PX
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 REFRESH = re.compile(r'http-equiv="refresh"[^>]*content="\d+;\s*url=([^"]+)"', re.IGNORECASE)
@@ -95,7 +98,8 @@ window.addEventListener("load", function () { setTimeout(function () {
   document.querySelectorAll("article figure img").forEach(function (i) {
     if (i.naturalWidth > 0 && i.clientWidth / i.naturalWidth < SCALE) {
       bad.push("figure " + i.getAttribute("src").split("/").pop() + " shown at " +
-               Math.round(100 * i.clientWidth / i.naturalWidth) + " % of its width: its text is small");
+               Math.round(100 * i.clientWidth / i.naturalWidth) + " % of its width: its smallest text " +
+               "renders under MIN_PX px");
     }
   });
   var m = document.createElement("div"); m.id = "fedlib-overflow-probe";
@@ -112,9 +116,9 @@ FILE_NAME = re.compile(r"^[\w./-]+\.(png|svg|jpe?g|gif)$", re.IGNORECASE)
 #: internal column names, a config's repr, a Python dict.
 RAW_OUTPUT = re.compile(r"(?<![\w.-])(-?inf|NaN|nan)(?![\w-])|acc_mean|acc_std|loss_mean|Config\(|"
                         r"\{'[a-z_]+': |<[\w.]+ object( at 0x[0-9a-f]+)?>|\('[\w .-]+', -?[\d.]+\)")
-#: A figure shown at less than this fraction of its pixel width shrinks its text below ~10 px (the
-#: figures use 11-pt and larger fonts at 100 dpi; see fedlib.plots).
-MIN_FIGURE_SCALE = 0.6
+#: A figure shown at less than this fraction of its pixel width draws text under 9 px (its smallest
+#: text is fedlib.plots.MIN_FONT_PT at fedlib.plots.DPI: 0.72).
+MIN_FIGURE_SCALE = MIN_SCALE
 
 #: Script added to a copy of a page with the privacy explorer: it reads the explorer's readout, moves
 #: its first slider, and records the readout before and after (and the sizes of its text).
@@ -310,7 +314,7 @@ def _overflow(chromium: str, page: Path) -> tuple[str, int | None]:
     and return what the probe found ('' when nothing overflows) and the page's height in px."""
     if "</body>" not in page.read_text(errors="replace"):
         return "", None
-    probe = PROBE.replace("SCALE", str(MIN_FIGURE_SCALE))
+    probe = PROBE.replace("MIN_PX", str(MIN_TEXT_PX)).replace("SCALE", str(MIN_FIGURE_SCALE))
     m = PROBE_RESULT.search(_dom_with(chromium, page, probe, ".probe-"))
     if m is None:
         return "the overflow probe did not run", None

@@ -15,10 +15,13 @@ GOOD = """<html><body><article><p>fine</p>
 <div style="height: 3000px">a long page</div>
 </article></body></html>"""
 #: a wide table scrolls inside its box (its columns out of view), a pandas index, raw reprs
-HIDDEN = """<html><body><article style="width: 600px"><div style="max-width: 100%; overflow-x: auto">
+HIDDEN = """<html><head><style>img { max-width: 100%; }</style></head>
+<body><article style="width: 600px"><div style="max-width: 100%; overflow-x: auto">
 <table style="width: 3000px"><tr><td>wide</td></tr></table></div>
 <table><tr><th></th><th>a</th></tr><tr><td>0</td><td>x</td></tr><tr><td>1</td><td>y</td></tr></table>
 <p>&lt;IPython.core.display.Markdown object&gt; and ('client', 3.0)</p>
+<figure><img src="wide.svg" alt="twice the column's width"><figcaption>Shrunk.</figcaption></figure>
+<figure><img src="fits.svg" alt="a little wider than the column"><figcaption>Fine.</figcaption></figure>
 </article></body></html>"""
 BAD = (
     """<html><body><article><p>raw $$x^2$$ here</p><img src="missing.png">
@@ -30,12 +33,20 @@ BAD = (
 SVG = '<svg xmlns="http://www.w3.org/2000/svg" width="4" height="4"><rect width="4" height="4"/></svg>'
 
 
+def svg(width: int) -> str:
+    return SVG.replace('width="4" height="4">', f'width="{width}" height="10">')
+
+
 def test_browser_check_passes_a_good_page_and_flags_a_bad_one(tmp_path):
     (tmp_path / "index.html").write_text(GOOD)
     (tmp_path / "other.html").write_text(GOOD)
     (tmp_path / "pic.svg").write_text(SVG)
     (tmp_path / "bad.html").write_text(BAD)
     (tmp_path / "hidden.html").write_text(HIDDEN)
+    # a figure in the 600 px article has 520 px (a <figure>'s default 40 px margins): 1200 px shows at
+    # 43 % (9-pt text at 5 px), 680 px at 76 % (9.5 px)
+    (tmp_path / "wide.svg").write_text(svg(1200))
+    (tmp_path / "fits.svg").write_text(svg(680))
     reports = {r.page: r for r in check_book(tmp_path, tmp_path / "shots")}
     assert reports["index.html"].problems == [] and reports["index.html"].screenshot is not None
     from matplotlib.image import imread
@@ -45,6 +56,8 @@ def test_browser_check_passes_a_good_page_and_flags_a_bad_one(tmp_path):
     assert "table 1 is" in hidden and "scrolls out of view" in hidden
     assert "table 2 shows pandas' row numbers" in hidden
     assert "raw program output" in hidden
+    assert "figure wide.svg shown at 43 % of its width: its smallest text renders under 9 px" in hidden
+    assert "fits.svg" not in hidden
     problems = " ".join(reports["bad.html"].problems)
     assert "missing image missing.png" in problems
     assert "broken internal link nowhere.html" in problems
