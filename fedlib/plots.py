@@ -140,7 +140,9 @@ def mean_curves(curves: dict, title: str | None = None, footer: str | None = Non
             ax_acc.fill_between(df["round"], df["acc_mean"] - df["acc_std"], df["acc_mean"] + df["acc_std"],
                                 color=kw["color"], alpha=0.12)
     for j, (text, (acc, loss)) in enumerate((reference or {}).items()):
-        kw = {"color": "0.25", "lw": 1.0, "ls": (0, (2, 2)) if j % 2 == 0 else (0, (6, 2))}
+        # long and short dashes: the captions call every reference line dashed, and the legend tells
+        # two apart
+        kw = {"color": "0.25", "lw": 1.0, "ls": (0, (6, 2)) if j % 2 == 0 else (0, (3, 1.5))}
         if acc is not None:
             ax_acc.axhline(acc, label=text, **kw)
         if loss is not None:

@@ -315,7 +315,7 @@ def plot_readings(ax, table: pd.DataFrame, no_dp_pct: float, level_pct: float, c
         if len(t):
             ax.errorbar(t["epsilon"], t["acc_mean"], yerr=t["acc_std"], capsize=3, **style)
     ax.axhline(no_dp_pct, color="k", ls="--", label="no DP")
-    ax.axhline(level_pct, color="0.4", ls=(0, (2, 2)), label=f"paper's Fig. 2 with DP: {level_pct:g} %")
+    ax.axhline(level_pct, color="0.4", ls=(0, (6, 2)), label=f"paper's Fig. 2 with DP: {level_pct:g} %")
     ax.axhline(chance_pct, color="0.6", ls=":", label="chance")
     ax.set(xscale="log", xlabel="total $\\epsilon$ of the run ($\\delta = 10^{-5}$)",
            ylabel="test accuracy (%)", ylim=(0, 100))
