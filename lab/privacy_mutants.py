@@ -191,6 +191,61 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
      "(the draws differ, as with another seed)"),
 ]
 
+#: Flower's transport around the algorithm (fedlib/flower/server.py, client.py): what these lines
+#: carry is logged, labelled or scheduled, never released or accounted.
+_CLIENT, _SERVER = "fedlib/flower/client.py", "fedlib/flower/server.py"
+_THREADS = ("the ClientApp's torch thread count: where the work runs, not what it computes; the "
+            "privacy noise comes from keyed generators whatever the thread count, and the client reads "
+            "a missing count as 1, the value every caller passes")
+_GROUP = ("Flower's group id labels a round's messages for its logs; neither app reads it, and Flower "
+          "delivers replies by message id")
+_NUM_EXAMPLES = ("the server never reads num-examples from a train reply: it weights by the client sizes "
+                 "it derives from the config (fedlib.experiment.Experiment.sizes)")
+_METRICS = ("the MetricRecord a round returns goes to Flower's log only; the result's history is "
+            "written from the same round record through on_round, and the released model, noise and "
+            "accounting are fixed before this line")
+_ON_ROUND = ("on_round writes the result file and the progress bar after the round's release and "
+             "accounting; a wrong wall time or a crash here changes no released value (a crash ends "
+             "the run with an error)")
+_ON_ROUND_CALL = "self.on_round(ctx.t, rec, time.time() - t0)"
+_NUMERIC = "numeric = {k: float(v) for k, v in rec.items() if isinstance(v, (int, float)) and v == v}"
+_GROUP_LINE = "message_type=MessageType.TRAIN, group_id=str(server_round))"
+_INFO = 'info = ConfigRecord({"client": cid, "num-examples": len(node.y[cid])})'
+_JOB = 'self.job = {"config": json.dumps(experiment.config.to_dict()), "threads": threads}'
+FLOWER_EQUIVALENT: list[tuple[str, str, str, str]] = [
+    _swap(_CLIENT, "cstate = from_records(context.state[state_key]) if state_key in context.state "
+          "else node.initial_state(cid)", "initial_state(cid)", "initial_state(None)",
+          "NodeClients.initial_state ignores its client id: every client starts from the algorithm's "
+          "state for the seeded initial model, as in the engine"),
+    _swap(_CLIENT, _INFO, '"num-examples"', '"XXnum-examplesXX"', _NUM_EXAMPLES),
+    _swap(_CLIENT, _INFO, '"num-examples"', '"NUM-EXAMPLES"', _NUM_EXAMPLES),
+    _swap(_SERVER, "threads: int = 1):", "1", "2", _THREADS),
+    _swap(_SERVER, _JOB, '"threads"', '"XXthreadsXX"', _THREADS),
+    _swap(_SERVER, _JOB, '"threads"', '"THREADS"', _THREADS),
+    _swap(_SERVER, "self._round: tuple[list[int], RoundContext, float] | None = None", "= None", '= ""',
+          "the initial value is overwritten by configure_train before aggregate_train reads it "
+          "(Flower configures a round before it aggregates it)"),
+    _swap(_SERVER, _GROUP_LINE, "group_id=str(server_round)", "group_id=None", _GROUP),
+    (_SERVER, _GROUP_LINE, "message_type=MessageType.TRAIN, )", _GROUP),
+    _swap(_SERVER, _GROUP_LINE, "str(server_round)", "str(None)", _GROUP),
+    _swap(_SERVER, "uploads = metrics = None", "None", '""',
+          "the value stays only when no client is sampled, and then Experiment.aggregate takes its "
+          "no-client branch (the server step on empty uploads) without reading uploads or metrics"),
+    _swap(_SERVER, _ON_ROUND_CALL, "ctx.t", "None", _ON_ROUND),
+    _swap(_SERVER, _ON_ROUND_CALL, "time.time() - t0)", "None)", _ON_ROUND),
+    _swap(_SERVER, _ON_ROUND_CALL, "time.time() - t0", "time.time() + t0", _ON_ROUND),
+    (_SERVER, _NUMERIC, "numeric = None", _METRICS),
+    _swap(_SERVER, _NUMERIC, ") and v == v", ") or v == v", _METRICS),
+    _swap(_SERVER, _NUMERIC, "v == v", "v != v", _METRICS),
+    _swap(_SERVER, "return to_records(self.exp.gparams)[0], MetricRecord(numeric)", "MetricRecord(numeric)",
+          "MetricRecord(None)", _METRICS),
+    *[_swap(_SERVER, 'if name == "app":', a, b,
+            "how Flower's app loader finds the deployment's ServerApp (fedlib.flower.server:app): a "
+            "wrong name fails the deployment's start, it releases nothing")
+      for a, b in (("==", "!="), ('"app"', '"XXappXX"'), ('"app"', '"APP"'))],
+]
+EQUIVALENT += FLOWER_EQUIVALENT
+
 _DEVICE_ARG = re.compile(r"device=[\w.]+")
 _DEVICE_VALUE = re.compile(r"(?<=[(,\s])(?:[\w.]*\bdevice|dev)\b(?!\s*=)")
 
