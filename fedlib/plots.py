@@ -178,6 +178,11 @@ def add_footer(fig, text: str):
     downwards to hold it."""
     from matplotlib.transforms import Bbox
 
+    # A figure legend placed by ``loc`` alone is anchored to the figure's box, which a tight bounding
+    # box moves down to the footer when the image is saved: pin it to where it is now.
+    for legend in fig.legends:
+        if legend.get_bbox_to_anchor() == fig.bbox:
+            legend.set_bbox_to_anchor((0, 0, 1, 1), transform=fig.transFigure)
     renderer = fig.canvas.get_renderer()
     boxes = [a.get_tightbbox(renderer) for a in fig.get_children() if a.get_visible()]
     inches = Bbox.union([b for b in boxes if b is not None and b.width > 0]).transformed(

@@ -50,19 +50,27 @@ def _extent(artist, renderer):
     return artist.get_window_extent(renderer)
 
 
-def test_the_footer_sits_under_every_legend_and_axis():
-    """A legend placed below the axes (as several pages do) and one at the figure's bottom: the
-    footer is drawn under both, overlapping nothing."""
+def test_the_footer_sits_under_every_legend_and_axis_in_the_saved_image(tmp_path):
+    """A legend placed below the axes (as several pages do) and a figure legend at the figure's
+    bottom: in the image as the notebooks save it (a tight bounding box, which re-anchors a figure
+    legend to the new bottom unless it is pinned), the footer is drawn under both, overlapping
+    nothing. The extents are read in the draw that writes the file."""
     fig, ax = plt.subplots(figsize=(6, 3))
     ax.plot([0, 1], [0, 1], label="a line with a long label")
     ax.set_xlabel("global round")
     below = ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1)
     bottom = fig.legend(loc="lower center", ncol=2)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     text = plots.add_footer(fig, "profile quick, 3 seeds, cpu, commit abc1234")
-    r = fig.canvas.get_renderer()
-    foot = _extent(text, r)
-    others = [_extent(below, r), _extent(bottom, r), ax.get_tightbbox(r)]
-    assert all(foot.y1 <= o.y0 for o in others), (foot, others)
+    seen = {}
+
+    def measure(event):
+        r = event.renderer
+        others = [below.get_window_extent(r), bottom.get_window_extent(r), ax.get_tightbbox(r)]
+        seen.update(foot=text.get_window_extent(r), others=others)
+
+    fig.canvas.mpl_connect("draw_event", measure)
+    fig.savefig(tmp_path / "f.png", bbox_inches="tight")
+    assert seen and all(seen["foot"].y1 <= o.y0 for o in seen["others"]), seen
     assert text.get_fontsize() >= plots.MIN_FONT_PT
     plt.close(fig)
