@@ -231,7 +231,39 @@ _SECRET = ("under randomness='secret' every key starts with 128 fresh bits of OS
            "stream id and the round add nothing to a key's uniqueness and no draw repeats without them "
            "(the seeded branch, which the simulations use, keeps them and its mutants are killed)")
 _SECRET_LINE = "parts = (secrets.randbits(128), int(stream), t)"
+_RECORD_LINE = ('return StepNoise(self.noise_seed(Stream.RECORD_NOISE, t), self.record["sigma"] * '
+                'self.config.dp_clip,')
+_EXCLUSIVE = ("MOON-DPAP's DP modes are exclusive (config.dp is one of none, record, central, local): a "
+              "record-level run draws no {} noise, so the stream is this line's alone, and its keys "
+              "(seed, stream, round, client, step) stay distinct across rounds, clients and steps")
+_SAMPLING = ("the record-level run's Poisson sampling (fedlib.experiment) uses that stream id with keys "
+             "(seed, stream, round, client) of four integers, the noise (seed, stream, round, client, "
+             "step) of five: no key is shared (SeedSequence hashes the whole list, so a longer key is "
+             "another stream), and the two feed different generators (numpy's for the sampling, "
+             "torch's for the noise); the tests' key check, which fails on a repeated key, passes")
+_CENTRAL_LINE = "Relation.REPLACE_ONE, self.noise_seed(Stream.CENTRAL_NOISE, ctx.t),"
+_SAMPLING_LINE = "keys = [algo.noise_seed(Stream.RECORD_SAMPLING, t, cid) for cid in selected]"
+_CENTRAL_EXCLUSIVE = ("MOON-DPAP's DP modes are exclusive (config.dp is one of none, record, central, "
+                      "local): a client-level (central) run draws no {} noise, so the stream is this "
+                      "line's alone, and its keys (seed, stream, round) differ from round to round")
 EQUIVALENT: list[tuple[str, str, str, str]] = [
+    *[("fedlib/algorithms/moon_dpap.py", _CENTRAL_LINE, _CENTRAL_LINE.replace("CENTRAL_NOISE", other),
+       _CENTRAL_EXCLUSIVE.format(what)) for other, what in (("LOCAL_NOISE", "local"),
+                                                             ("RECORD_NOISE", "record-level"))],
+    ("fedlib/experiment.py", _SAMPLING_LINE, _SAMPLING_LINE.replace("RECORD_SAMPLING", "RECORD_NOISE"),
+     "the record-level noise uses that stream id with keys (seed, stream, round, client, step) of five "
+     "integers, the sampling (seed, stream, round, client) of four: no key is shared (SeedSequence "
+     "hashes the whole list), and the two feed different generators (numpy's for the sampling, "
+     "torch's for the noise); the tests' key check, which fails on a repeated key, passes"),
+    ("fedlib/experiment.py", _SAMPLING_LINE, _SAMPLING_LINE.replace("Stream.RECORD_SAMPLING, ", ""),
+     "the sampling keys become (seed, round, client): still distinct for every round and client, and "
+     "no other privacy key of a record-level run has three integers (only MOON-DPAP's record mode "
+     "samples records, and its noise keys have five), so no stream is shared and the released "
+     "distribution is the same in this code. The stream id is what keeps such keys apart in general: "
+     "the key-shape test added after this report (tests/test_noise_independence.py) fails on it"),
+    *[("fedlib/algorithms/moon_dpap.py", _RECORD_LINE, _RECORD_LINE.replace("RECORD_NOISE", other), why)
+      for other, why in (("CENTRAL_NOISE", _EXCLUSIVE.format("client-level (central)")),
+                         ("LOCAL_NOISE", _EXCLUSIVE.format("local")), ("RECORD_SAMPLING", _SAMPLING))],
     ("fedlib/algorithms/base.py", _SECRET_LINE, "parts = (secrets.randbits(128), t)", _SECRET),
     ("fedlib/algorithms/base.py", _SECRET_LINE, "parts = (secrets.randbits(128), int(stream))", _SECRET),
     ("fedlib/algorithms/base.py", _SECRET_LINE, "parts = (secrets.randbits(128), int(stream), 0)", _SECRET),

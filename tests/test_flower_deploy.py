@@ -104,11 +104,14 @@ class Sleepers(Deployment):
     def _wait_for_port(self, port):
         pass
 
+    def register(self, public_key):
+        pass  # no SuperLink listens: the keys are made (and must be deleted) all the same
+
 
 work = Path(sys.argv[1])
 d = Sleepers([], nodes=2, root=work / "results", workdir=work)
 with d:
-    print(d.marker, " ".join(str(p.pid) for p in d.procs), flush=True)
+    print(d.marker, d.credentials.folder, " ".join(str(p.pid) for p in d.procs), flush=True)
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(60)
 print("not reached", flush=True)
@@ -128,9 +131,10 @@ def test_a_sigterm_stops_every_process_the_deployment_started(tmp_path):
     out = subprocess.run([sys.executable, "-c", SIGTERMED, str(tmp_path)], capture_output=True, text=True,
                          timeout=300, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert out.returncode == 128 + 15, out.stderr[-2000:]
-    marker, *pids = out.stdout.split()
+    marker, keys, *pids = out.stdout.split()
     assert len(pids) == 3 and "not reached" not in out.stdout
     assert _marked(marker) == []
+    assert not os.path.exists(keys)  # the keys went with the processes
     for pid in map(int, pids):
         assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
 

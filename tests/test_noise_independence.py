@@ -36,6 +36,7 @@ from fedlib.algorithms import ALGORITHMS, Algorithm
 from fedlib.engine import Executor
 from fedlib.experiment import Experiment
 from fedlib.privacy.record import Draw, DrawLog, drawing
+from fedlib.streams import Stream
 
 SMOKE = dict(clients=4, train_samples=400, test_samples=100, rounds=2, min_client_samples=20, lr=0.05,
              momentum=0.0, profile="smoke", model="mlp")
@@ -82,6 +83,16 @@ def repeated_keys(keys: list[tuple[str, tuple[int, ...]]]) -> list[tuple[str, tu
     """The (kind, key) pairs that seeded more than one generator."""
     seen: set = set()
     return [k for k in keys if k in seen or seen.add(k)]
+
+
+def malformed_keys(keys: list[tuple[str, tuple[int, ...]]], config: Config, rounds: int) -> list[tuple]:
+    """Keys that do not start (the config's noise key, a stream id, a round of the run): the stream id
+    keeps two mechanisms' keys apart even where their other integers coincide (a key without it,
+    (noise key, round, client), would meet (noise key, stream, round) of another mechanism in round
+    ``stream``)."""
+    ids = {int(s) for s in Stream}
+    head = int(config.noise_key(), 16)
+    return [k for _, k in keys if len(k) < 3 or k[0] != head or k[1] not in ids or k[2] not in range(rounds)]
 
 
 def dependent_pairs(draws: list[Draw]) -> list[tuple[int, int, str]]:
@@ -134,6 +145,19 @@ def test_noise_is_never_drawn_twice(name):
     assert first.keys and second.keys
     again = repeated_keys(first.keys + second.keys)
     assert not again, f"{len(again)} generator key(s) used twice, e.g. {again[0]}"
+    odd = malformed_keys(first.keys, config, 2) + malformed_keys(second.keys, config.replace(**change), 1)
+    assert not odd, f"{len(odd)} key(s) without the noise key, a stream id and the round, e.g. {odd[0]}"
+
+
+def test_the_key_shape_check_finds_a_key_without_its_stream():
+    config = CASES["moon_dpap record"][0]
+    head = int(config.noise_key(), 16)
+    good = [("numpy", (head, int(Stream.RECORD_SAMPLING), 1, 3)), ("torch", (head, 73, 0, 3, 5))]
+    assert malformed_keys(good, config, 2) == []
+    dropped = ("numpy", (head, 1, 3))  # Stream.RECORD_SAMPLING left out: (noise key, round, client)
+    assert malformed_keys([*good, dropped], config, 2) == [dropped[1]]
+    assert malformed_keys([("numpy", (0, 71, 1))], config, 2)  # the run's seed instead of its noise key
+    assert malformed_keys([("numpy", (head, 71, 7))], config, 2)  # a round the run never had
 
 
 def test_the_key_check_finds_a_shared_stream():
