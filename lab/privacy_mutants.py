@@ -717,6 +717,11 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.workdir / "mutants").is_dir():
             p.error(f"{args.workdir} holds no mutmut verdicts (no mutants/ folder)")
         report = build_report(args.workdir)
+        # the run's own duration, kept from the report it wrote (the verdicts carry no clock)
+        before = load_report(args.out) if args.out.exists() else None
+        same = ("commit", "tests_sha256")
+        if before and all(before[k] == report[k] for k in same):
+            report["minutes"] = before.get("minutes")
     else:
         if args.budget_min is not None and args.budget_min <= 0:
             p.error(f"--budget-min must be positive, got {args.budget_min}")

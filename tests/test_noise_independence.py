@@ -47,6 +47,10 @@ CASES: dict[str, tuple[Config, dict]] = {
     "dp_fedavg adaptive": (Config(algorithm="dp_fedavg", client_fraction=0.5, dp_clip=0.01,
                                   adaptive_clip=True,
                                   clip_count_std=1.0, **SMOKE), {"clip_count_std": 1.5}),
+    # the float64 (not secure_noise) paths of the sum and of the adaptive count
+    "dp_fedavg adaptive float": (Config(algorithm="dp_fedavg", client_fraction=0.5, dp_clip=0.01,
+                                        adaptive_clip=True, clip_count_std=1.0, secure_noise=False, **SMOKE),
+                                 {"clip_count_std": 1.5}),
     "moon_dpap central": (Config(algorithm="moon_dpap", dp="central", dp_clip=0.05, **SMOKE),
                           {"dp_epsilon_per_round": 2.0}),
     "moon_dpap central float": (Config(algorithm="moon_dpap", dp="central", dp_clip=0.05, secure_noise=False,
@@ -63,6 +67,7 @@ CASES: dict[str, tuple[Config, dict]] = {
 #: The mechanisms each case must show at least two draws of (two rounds, or two clients, or two steps).
 EXPECTED = {
     "dp_fedavg fixed": {"gaussian_sum"}, "dp_fedavg adaptive": {"gaussian_sum", "gaussian_count"},
+    "dp_fedavg adaptive float": {"gaussian_sum", "gaussian_count"},
     "moon_dpap central": {"gaussian_sum"}, "moon_dpap central float": {"gaussian_sum"},
     "moon_dpap local": {"gaussian_sum"}, "moon_dpap record": {"dpsgd_step"}, "ldp_fl": {"two_point"},
     "signds_fl": {"signds_selection"}, "fdl corrected": {"gumbel", "discrete_laplace"},
