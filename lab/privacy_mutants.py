@@ -637,6 +637,15 @@ def by_file(report: dict) -> list[dict]:
     return sorted(rows.values(), key=lambda r: r["file"])
 
 
+def score_text(report: dict) -> str:
+    """The score as a percentage that reads 100 % only when no survivor is unexplained (0.9997 with
+    one gap is 99.97 %, not a rounded 100.0 %)."""
+    digits = 1
+    while report["unexplained"] and round(100 * report["score"], digits) >= 100 and digits < 6:
+        digits += 1
+    return f"{100 * report['score']:.{digits}f} %"
+
+
 def describe(report: dict | None) -> str:
     """A paragraph for the book: what the mutation testing of the privacy code found."""
     if report is None:
@@ -647,7 +656,7 @@ def describe(report: dict | None) -> str:
             f"{report['checked']:,} of them: {report['detected']:,} were detected (a test failed or "
             f"timed out), {report['equivalent']:,} survivors are argued equivalent (they change no "
             f"released distribution) and {report['unexplained']:,} survivors are unexplained, gaps "
-            f"in the tests. Score {report['score']:.1%} (detected over checked non-equivalent).")
+            f"in the tests. Score {score_text(report)} (detected over checked non-equivalent).")
     keys = [mt for mt in report["mutants"] if mt.get("operator")]
     if keys:
         text += (f" {len(keys):,} of the mutants are key mutations, which mutmut does not make: a round, "
@@ -731,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
     took = "" if report["minutes"] is None else f" ({report['minutes']} min)"
     print(f"{report['checked']} of {report['generated']} mutants checked: {report['counts']}; "
           f"equivalent {report['equivalent']}, unexplained survivors {report['unexplained']}, "
-          f"score {report['score']:.1%}{took} -> {args.out}")
+          f"score {score_text(report)}{took} -> {args.out}")
     for mt in report["mutants"]:
         if mt["status"] not in (*DETECTED, "not checked") and "equivalent" not in mt:
             print(f"  {mt['status']}: {mt['name']}\n    - {mt['old']}\n    + {mt['new']}")

@@ -330,3 +330,9 @@ def test_a_second_run_in_the_same_work_folder_is_refused(tmp_path):
                 pass
     with pm._exclusive(tmp_path):  # released when the run ends
         pass
+
+
+def test_the_score_never_rounds_a_gap_away():
+    assert pm.score_text({"score": 0.9997, "unexplained": 1}) == "99.97 %"
+    assert pm.score_text({"score": 1.0, "unexplained": 0}) == "100.0 %"
+    assert pm.score_text({"score": 0.912, "unexplained": 30}) == "91.2 %"
