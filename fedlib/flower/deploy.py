@@ -70,6 +70,7 @@ class Deployment:
         self.configs, self.nodes, self.root, self.workdir = configs, nodes, Path(root), Path(workdir)
         self.secure = secure
         self.credentials: Credentials | None = None
+        self._keys_dir: Path | None = None  # made before the keys, so a failure halfway still removes it
         self.marker = uuid.uuid4().hex
         self.procs: list[subprocess.Popen] = []
         self.port = free_port()
@@ -113,8 +114,8 @@ class Deployment:
         home.mkdir(parents=True, exist_ok=True)
         if self.secure:
             # keys live apart from the work folder (which --keep keeps for its logs) and go at exit
-            self.credentials = make_credentials(Path(tempfile.mkdtemp(prefix="fedlib-keys-")) / "keys",
-                                                self.nodes)
+            self._keys_dir = Path(tempfile.mkdtemp(prefix="fedlib-keys-"))
+            self.credentials = make_credentials(self._keys_dir / "keys", self.nodes)
             connection = f'root-certificates = "{self.credentials.ca_cert}"\n'
         else:
             connection = "insecure = true\n"
@@ -229,8 +230,8 @@ class Deployment:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        if self.credentials is not None:
-            shutil.rmtree(self.credentials.folder.parent, ignore_errors=True)
+        if self._keys_dir is not None:
+            shutil.rmtree(self._keys_dir, ignore_errors=True)
 
     def leftovers(self) -> list[int]:
         """Processes of this deployment still alive (should be none after exit)."""
