@@ -131,14 +131,17 @@ def mean_curves(curves: dict, title: str | None = None, footer: str | None = Non
         if same:  # a curve that lies on an earlier one: say so, or the reader sees one line short
             name = f"{name} (on {same[0]}'s curve)"
         drawn[(names or {}).get(label, LABELS.get(label, label))] = df
-        kw = {"color": color(key), "label": name,
-              "markevery": max(1, len(df) // 8), "markersize": 4, **_STYLES[i % len(_STYLES)]}
+        # markers every ``step`` rounds, staggered from curve to curve so that curves lying on one
+        # another still show each one's markers
+        step = max(1, len(df) // 8)
+        kw = {"color": color(key), "label": name, "markevery": ((i * step) // max(1, len(curves)), step),
+              "markersize": 4, "zorder": 3, **_STYLES[i % len(_STYLES)]}
         kw.update((styles or {}).get(label, {}))
         ax_acc.plot(df["round"], df["acc_mean"], **kw)
         ax_loss.plot(df["round"], df["test_loss_mean"], **kw)
-        if df["acc_std"].gt(0).any():
+        if df["acc_std"].gt(0).any():  # bands under every line, light enough to see the lines through
             ax_acc.fill_between(df["round"], df["acc_mean"] - df["acc_std"], df["acc_mean"] + df["acc_std"],
-                                color=kw["color"], alpha=0.12)
+                                color=kw["color"], alpha=0.08, lw=0, zorder=1)
     for j, (text, (acc, loss)) in enumerate((reference or {}).items()):
         # long and short dashes: the captions call every reference line dashed, and the legend tells
         # two apart

@@ -127,8 +127,12 @@ function texts() { return document.querySelectorAll("#privacy-explorer svg text"
 function readout() {
   var t = []; texts().forEach(function (e) { t.push(e.textContent); }); return t.join(" | ");
 }
+function shown() {  // the values the page shows beside the sliders
+  var t = []; document.querySelectorAll("#privacy-explorer .explorer-value").forEach(function (e) {
+    if (e.offsetParent !== null) t.push(e.textContent); }); return t.join(" | ");
+}
 window.addEventListener("load", function () { setTimeout(function () {
-  var before = readout(), small = [];
+  var before = readout(), valuesBefore = shown(), small = [];
   var inputs = document.querySelectorAll("#privacy-explorer input[type=range]");
   texts().forEach(function (e) {
     var px = parseFloat(getComputedStyle(e).fontSize);
@@ -144,6 +148,7 @@ window.addEventListener("load", function () { setTimeout(function () {
     m.setAttribute("data-sliders", String(inputs.length));
     m.setAttribute("data-before", before); m.setAttribute("data-after", readout());
     m.setAttribute("data-small", small.join("; "));
+    m.setAttribute("data-values", valuesBefore); m.setAttribute("data-valuesafter", shown());
     document.body.appendChild(m);
   }, 1500);
 }, 3000); });
@@ -292,7 +297,8 @@ def check_page(chromium: str, page: Path, root: Path, shots: Path | None) -> Pag
 
 def explorer_problems(chromium: str, page: Path) -> list[str]:
     """Load a copy of ``page`` with :data:`EXPLORER_PROBE`: the explorer must draw its readout, have
-    four sliders, change its readout when a slider moves, and draw no text under 10 px."""
+    four sliders that show their values (not their positions), change its readout and the value
+    shown when a slider moves, and draw no text under 10 px."""
     m = EXPLORER_RESULT.search(_dom_with(chromium, page, EXPLORER_PROBE, ".explorer-"))
     if m is None:
         return ["the privacy explorer probe did not run"]
@@ -306,6 +312,11 @@ def explorer_problems(chromium: str, page: Path) -> list[str]:
         problems.append("moving the privacy explorer's slider changed nothing")
     if attrs.get("small"):
         problems.append(f"the privacy explorer has text under 10 px: {attrs['small'][:200]}")
+    values = [v for v in attrs.get("values", "").split(" | ") if v]
+    if len(values) != 4 or not all("=" in v for v in values):
+        problems.append(f"the privacy explorer's sliders do not show their values: {attrs.get('values')!r}")
+    elif attrs.get("values") == attrs.get("valuesafter"):
+        problems.append("moving the privacy explorer's slider did not change the value shown beside it")
     return problems
 
 

@@ -96,18 +96,26 @@ def explorer_frame(rounds: int, dims: int, acc: dict[tuple, list[float]]) -> pd.
     return pd.DataFrame(rows)
 
 
+#: The value each slider position stands for, as the explorer shows it beside the slider.
+SLIDER_VALUES: dict[str, list[str]] = {
+    "eps_i": [f"ε = {e:g}" for e in EPSILONS], "clip_i": [f"C = {c:g}" for c in CLIPS],
+    "clients_i": [f"N = {n:,}" for n in CLIENTS], "rate_i": [f"q = {q:g}" for q in RATES]}
+
+
 def explorer_chart(frame: pd.DataFrame) -> alt.Chart:
-    """Sliders over the grid's indices; a readout of the selected setting; the noise on the average
-    update against epsilon for the selected C, N and q, the selected epsilon marked."""
+    """Sliders over the grid's indices (:func:`explorer_html` shows each one's value beside it); a
+    readout of the selected setting above the noise on the average update against epsilon for the
+    selected C, N and q, the selected epsilon marked. One column, drawn at the width of the book's
+    content column, so that nothing is scaled down."""
     def slider(name: str, values, label: str) -> alt.Parameter:
         return alt.param(name=name, value=values.index(_default[name]),
                          bind=alt.binding_range(min=0, max=len(values) - 1, step=1, name=label))
 
     _default = {"eps_i": 1.0, "clip_i": 0.5, "clients_i": 1000, "rate_i": 0.1}
-    pe = slider("eps_i", list(EPSILONS), "total ε (0.1 → 10) ")
-    pc = slider("clip_i", list(CLIPS), "clip norm C (0.05 → 2) ")
-    pn = slider("clients_i", list(CLIENTS), "clients N (250 → 10,000) ")
-    pq = slider("rate_i", list(RATES), "sampling rate q (0.01 → 1) ")
+    pe = slider("eps_i", list(EPSILONS), "total ε ")
+    pc = slider("clip_i", list(CLIPS), "clip norm C ")
+    pn = slider("clients_i", list(CLIENTS), "clients N ")
+    pq = slider("rate_i", list(RATES), "sampling rate q ")
     base = alt.Chart(frame)
     others = "datum.clip_i == clip_i && datum.clients_i == clients_i && datum.rate_i == rate_i"
     selected = f"datum.eps_i == eps_i && {others}"
@@ -117,24 +125,29 @@ def explorer_chart(frame: pd.DataFrame) -> alt.Chart:
         .transform_fold(lines, as_=["line", "text"])
         .mark_text(align="left", baseline="middle", fontSize=14)
         .encode(y=alt.Y("line:N", sort=lines, axis=None), x=alt.value(0), text="text:N")
-        .properties(width=430, height=200, title="The selected setting")
+        .properties(width=560, height=190, title="The selected setting")
     )
     curve = base.transform_filter(others)
     line = curve.mark_line(point=True, color="#1f77b4").encode(
-        x=alt.X("epsilon:Q", scale=alt.Scale(type="log"), title="total ε"),
-        y=alt.Y("sigma:Q", scale=alt.Scale(type="log"), title="noise std on the average update"),
+        x=alt.X("epsilon:Q", scale=alt.Scale(type="log"), title="total ε",
+                axis=alt.Axis(values=list(EPSILONS), format="~g")),
+        y=alt.Y("sigma:Q", scale=alt.Scale(type="log"), title="noise std on the average update",
+                axis=alt.Axis(tickCount=5, format="~g", labelOverlap="greedy")),
         tooltip=["epsilon", "sigma"],
     )
     mark = (curve.transform_filter("datum.eps_i == eps_i")
             .mark_point(size=160, color="#d62728", filled=True).encode(x="epsilon:Q", y="sigma:Q"))
-    plot = (line + mark).properties(width=300, height=200, title="Noise against the budget")
-    return (alt.hconcat(readout, plot).add_params(pe, pc, pn, pq)
+    plot = (line + mark).properties(width=520, height=220, title="Noise against the budget")
+    return (alt.vconcat(readout, plot).add_params(pe, pc, pn, pq)
             .configure_axis(labelFontSize=12, titleFontSize=13).configure_title(fontSize=14))
 
 
-def explorer_html(chart: alt.Chart, div_id: str = "privacy-explorer") -> str:
+def explorer_html(chart: alt.Chart, div_id: str = "privacy-explorer",
+                  slider_values: dict[str, list[str]] | None = None) -> str:
     """The chart as an HTML fragment for a page: the Vega-Embed bundle (Vega and Vega-Lite included,
-    from ``vl-convert``) inlined, so it works offline, then the chart drawn as SVG."""
+    from ``vl-convert``) inlined, so it works offline, then the chart drawn as SVG. Vega shows a
+    range slider's raw position beside it; for each parameter in ``slider_values`` (default
+    :data:`SLIDER_VALUES`) the page shows the value that position stands for instead."""
     import json
 
     import vl_convert as vlc
@@ -146,13 +159,27 @@ def explorer_html(chart: alt.Chart, div_id: str = "privacy-explorer") -> str:
     if "</script" in bundle:  # would end the script element early
         bundle = bundle.replace("</script", "<\\/script")
     options = {"renderer": "svg", "actions": False, "mode": "vega-lite"}
-    return (f"<style>#{div_id}.vega-embed {{ width: 100%; display: flex; }}</style>\n"
+    values = json.dumps(SLIDER_VALUES if slider_values is None else slider_values)
+    # after drawing: hide Vega's position read-out of each slider and show the value instead,
+    # updated whenever the parameter changes
+    show_values = (f"var values = {values};"
+                   "Object.keys(values).forEach(function (name) {"
+                   f"  var input = document.querySelector('#{div_id} input[name=\"' + name + '\"]');"
+                   "  if (!input) { return; }"
+                   "  if (input.nextElementSibling) { input.nextElementSibling.style.display = 'none'; }"
+                   "  var shown = document.createElement('span'); shown.className = 'explorer-value';"
+                   "  shown.style.marginLeft = '0.5em'; input.insertAdjacentElement('afterend', shown);"
+                   "  var show = function (_, i) { shown.textContent = values[name][i]; };"
+                   "  show(name, result.view.signal(name)); result.view.addSignalListener(name, show);"
+                   "});")
+    return (f"<style>#{div_id}.vega-embed {{ width: 100%; display: flex; flex-direction: column; }}</style>\n"
             # in a function of its own: the bundle's top-level names (``_`` among them) would clash
             # with the page's other scripts; it exports window.vegaEmbed
             f'<script type="text/javascript">(function () {{\n{bundle}\n}})();</script>\n'
             f'<div class="vega-visualization" id="{div_id}"></div>\n'
             f'<script type="text/javascript">(function () {{ vegaEmbed("#{div_id}", {json.dumps(spec)}, '
-            f"{json.dumps(options)}).catch(console.error); }})();</script>\n")
+            f"{json.dumps(options)}).then(function (result) {{ {show_values} }}).catch(console.error); }})();"
+            "</script>\n")
 
 
 def accuracy_points(acc: dict[tuple, list[float]]) -> np.ndarray:
