@@ -289,15 +289,24 @@ def readable(df: pd.DataFrame, sig: int = 3, headers: Mapping[str, str] | None =
         privacy = "eps" in column.lower()
         diverges = "loss" in column or "acc" in column
         texts = numbers.column(values, sig, privacy=privacy)
-        return ["diverged" if diverges and is_inf(v) else missing if t == numbers.MISSING else t
-                for v, t in zip(values, texts, strict=True)]
+        return ["diverged" if diverges and is_inf(v) else missing if t == numbers.MISSING
+                else numbers.symbols(t) for v, t in zip(values, texts, strict=True)]
 
-    return pd.DataFrame({names.get(str(c), str(c)): cells(str(c), list(out[c])) for c in out.columns})
+    return pd.DataFrame({numbers.symbols(names.get(str(c), str(c))): cells(str(c), list(out[c]))
+                         for c in out.columns})
 
 
 def table_for_reader(df: pd.DataFrame, sig: int = 3, headers: Mapping[str, str] | None = None):
-    """:func:`readable` as a styled table without the row numbers (what a page shows)."""
-    return readable(df, sig, headers).style.hide(axis="index")
+    """:func:`readable` as a styled table without the row numbers (what a page shows); a cell that
+    is a name from the code (a config key, a notebook) is set as code."""
+    from html import escape
+
+    from studies.numbers import IDENTIFIER
+
+    def cell(v) -> str:
+        return f"<code>{escape(v)}</code>" if isinstance(v, str) and IDENTIFIER.match(v) else v
+
+    return readable(df, sig, headers).style.hide(axis="index").format(cell)
 
 
 def untrained_accuracy(config: Config) -> float:

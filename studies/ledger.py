@@ -73,7 +73,9 @@ def badge(verdict: Verdict | str) -> str:
 
 
 def _cell(text) -> str:
-    return str(text).replace("|", "/").replace("\n", " ")
+    from studies.numbers import symbols
+
+    return symbols(str(text)).replace("|", "/").replace("\n", " ")
 
 
 def markdown_table(rows: list[dict], columns: list[str]) -> str:
@@ -191,7 +193,9 @@ def verdict_counts(df: pd.DataFrame, papers: list[str] | None = None) -> pd.Data
 
 
 def _one_line(text) -> str:
-    return " ".join(str(text).split())
+    from studies.numbers import symbols
+
+    return " ".join(symbols(str(text)).split())
 
 
 def claims_table(df: pd.DataFrame, titles: dict[str, str]) -> str:

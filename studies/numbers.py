@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 
 import numpy as np
@@ -96,3 +97,32 @@ def column(values: Iterable, sig: int = SIG, privacy: bool = False) -> list[str]
                   and v != 0 and SMALL <= abs(float(v)) < BIG)
         out.append(number(v, sig, privacy, decimals=shared if floaty else None))
     return out
+
+
+#: Greek letters written out in the studies' plain text (settings, reasons), and what a reader sees.
+GREEK = {"epsilon": "ε", "eps": "ε", "eta": "η", "tau": "τ", "mu": "μ", "sigma": "σ", "delta": "δ",
+         "alpha": "α", "gamma": "γ", "lambda": "λ", "rho": "ρ", "beta": "β"}
+_SUBSCRIPT = str.maketrans("0123456789aehijklmnoprstuvx", "₀₁₂₃₄₅₆₇₈₉ₐₑₕᵢⱼₖₗₘₙₒₚᵣₛₜᵤᵥₓ")
+_SUBSCRIPTABLE = set("0123456789aehijklmnoprstuvx")
+_SYMBOL = re.compile(r"(?<![\w\\$])(" + "|".join(sorted(GREEK, key=len, reverse=True)) +
+                     r"|[a-zA-Z])_([A-Za-z0-9]+)(?![\w(])")
+#: A name written as code (a config key, a notebook's name): lowercase words joined by underscores.
+IDENTIFIER = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
+
+
+def symbols(text: str) -> str:
+    """Plain-text maths names as a reader writes them: a Greek letter's name as the letter and a
+    subscript in subscript characters where Unicode has them all (``epsilon_0`` -> ε₀, ``eta_min``
+    -> ηₘᵢₙ, ``z_t`` -> zₜ), else after an underscore (``eta_g`` -> η_g). A one-letter name is taken
+    as a symbol only with a subscript of at most two characters (``n_i``, not ``x_train``); maths
+    between dollar signs is left alone."""
+    def one(m: re.Match) -> str:
+        name, sub = m.group(1), m.group(2)
+        if name not in GREEK and len(sub) > 2:
+            return m.group(0)
+        base = GREEK.get(name, name)
+        return base + (sub.translate(_SUBSCRIPT) if set(sub) <= _SUBSCRIPTABLE else "_" + sub)
+
+    # maths between dollars is left to MathJax
+    parts = re.split(r"(\$[^$]*\$)", str(text))
+    return "".join(part if part.startswith("$") else _SYMBOL.sub(one, part) for part in parts)

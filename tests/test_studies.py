@@ -256,6 +256,27 @@ def test_one_number_formatter_keeps_each_value():
     assert number(True) == "yes" and number(None) == "n/a" and number(float("nan")) == "n/a"
 
 
+def test_maths_names_read_as_symbols_and_code_names_as_code():
+    """Issue 43: ``epsilon_0``, ``eta_min`` in a table or a verdict's reason read as ε₀, ηₘᵢₙ; a
+    config key stays itself, set as code; maths for MathJax is left alone."""
+    import pandas as pd
+
+    from studies.common import table_for_reader
+    from studies.ledger import show
+    from studies.numbers import symbols
+
+    assert symbols("DP at epsilon_0 = 1, tau_max -> tau_min") == "DP at ε₀ = 1, τₘₐₓ -> τₘᵢₙ"
+    assert symbols("eta_g and sigma_b, n_i and z_t") == "η_g and σ_b, nᵢ and zₜ"
+    untouched = "x_train, batch_size, $2 z_t C$, \\epsilon_0"
+    assert symbols(untouched) == untouched
+    table = pd.DataFrame({"setting": ["batch_size", "eta_min of eq. 1"], "value": [32, 0.0005]})
+    html = table_for_reader(table).to_html()
+    assert "<code>batch_size</code>" in html and "ηₘᵢₙ of eq. 1" in html and "0.0005" in html
+    from studies import claims as c
+
+    assert "ε₀ = 1" in show([c.Finding("DP at epsilon_0 = 1", "x", c.Verdict.REPRODUCED)]).data
+
+
 def test_rows_about_our_code_or_reading_are_shown_and_counted_apart():
     """Issue 41: a row that measures this implementation, or holds only under the study's reading of
     an unspecified mechanism, keeps its verdict but is not evidence for or against the paper."""
