@@ -17,10 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default="quick", help="profile of the configurations (default: quick)")
     p.add_argument("--rounds", type=int, default=10, help="rounds per measurement (default: 10)")
     p.add_argument("--cpus", type=int, default=None, help="CPUs the simulation may use (default: all)")
-    p.add_argument("--nodes", type=int, default=0,
-                   help="also time a deployment run on this many local SuperNodes (default: 0, none; each "
-                        "SuperNode starts a process per message, so at the page's 20 clients this takes "
-                        "more than 15 minutes on 2 cores)")
+    p.add_argument("--nodes", type=int, default=3,
+                   help="time a deployment run on this many local SuperNodes too (default: 3; 0: none)")
     p.add_argument("--save", action="store_true", help="write data/bench/flower/<device>-<date>.json")
     args = p.parse_args(argv)
     if args.nodes < 0:

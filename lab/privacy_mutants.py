@@ -207,14 +207,14 @@ _METRICS = ("the MetricRecord a round returns goes to Flower's log only; the res
 _ON_ROUND = ("on_round writes the result file and the progress bar after the round's release and "
              "accounting; a wrong wall time or a crash here changes no released value (a crash ends "
              "the run with an error)")
-_ON_ROUND_CALL = "self.on_round(ctx.t, rec, time.time() - t0)"
+_ON_ROUND_CALL = "self.on_round(ctx.t, {**rec, TRANSPORT: transport(replies)}, time.time() - t0)"
 _NUMERIC = "numeric = {k: float(v) for k, v in rec.items() if isinstance(v, (int, float)) and v == v}"
 _GROUP_LINE = "message_type=MessageType.TRAIN, group_id=str(server_round))"
-_INFO = 'info = ConfigRecord({"client": cid, "num-examples": len(node.y[cid])})'
+_INFO = '"num-examples": json.dumps([node.examples(c) for c in cids])})'
 _JOB = 'self.job = {"config": json.dumps(experiment.config.to_dict()), "threads": threads}'
+_STATE = "return from_records(context.state[key]) if key in context.state else node.initial_state(c)"
 FLOWER_EQUIVALENT: list[tuple[str, str, str, str]] = [
-    _swap(_CLIENT, "cstate = from_records(context.state[state_key]) if state_key in context.state "
-          "else node.initial_state(cid)", "initial_state(cid)", "initial_state(None)",
+    _swap(_CLIENT, _STATE, "initial_state(c)", "initial_state(None)",
           "NodeClients.initial_state ignores its client id: every client starts from the algorithm's "
           "state for the seeded initial model, as in the engine"),
     _swap(_CLIENT, _INFO, '"num-examples"', '"XXnum-examplesXX"', _NUM_EXAMPLES),

@@ -96,9 +96,19 @@ def timing() -> tuple[pd.DataFrame, dict] | None:
     table = table.rename(columns={"engine_name": "engine"})
     table["engine"] = table["engine"].replace({"Flower": "Flower simulation"})  # files before deployment
     table["peak memory (GiB)"] = table.pop("peak_rss_mb") / 1024
-    table = table.rename(columns={"s_per_round": "s/round", "startup_s": "start-up (s)"})
-    return table[["method", "engine", "rounds", "s/round", "start-up (s)", "peak memory (GiB)"]], {
+    table = table.rename(columns={"s_per_round": "s/round", "startup_s": "start-up (s)",
+                                  "ratio_s_per_round": "x engine per round", "ratio_total": "x engine in all",
+                                  "clientapp_processes_per_round": "ClientApp processes per round"})
+    columns = ["method", "engine", "rounds", "s/round", "start-up (s)", "x engine per round",
+               "x engine in all", "peak memory (GiB)", "ClientApp processes per round"]
+    return table[[c for c in columns if c in table]], {
         **d["provenance"], "time": d["time"], "file": files[-1].name}
+
+
+def _span(values, fmt: str) -> str:
+    """``"lo to hi"`` of ``values`` in format ``fmt``, or one number when they print alike."""
+    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    return lo if lo == hi else f"{lo} to {hi}"
 
 
 def timing_summary(timing: pd.DataFrame) -> str:
@@ -110,14 +120,20 @@ def timing_summary(timing: pd.DataFrame) -> str:
     for engine in [e for e in timing["engine"].unique() if e != base]:
         ratio = wide[("s/round", engine)] / wide[("s/round", base)]
         memory = wide[("peak memory (GiB)", engine)] / wide[("peak memory (GiB)", base)]
-        parts.append(f"{engine} took {ratio.min():.2f} to {ratio.max():.2f} times the engine's time per "
+        parts.append(f"{engine} took {_span(ratio, '.2f')} times the engine's time per "
                      f"round, paid {wide[('start-up (s)', engine)].max():.0f} s of start-up once per run "
-                     "and used "
-                     f"{memory.min():.1f} to {memory.max():.1f} times its memory")
-    return ("Per configuration: " + "; ".join(parts) + ". The clients' training dominates each round; "
+                     f"and used {_span(memory, '.1f')} times its memory")
+    text = ("Per configuration: " + "; ".join(parts) + ". The clients' training dominates each round; "
             "what Flower adds is start-up (Ray and its workers, or the SuperLink and SuperNodes) and "
             "the processes' memory. What it buys is the real structure: the model travels to each "
             "client and back as a message every round, and the clients could be other machines.")
+    if "ClientApp processes per round" in timing:
+        procs = timing["ClientApp processes per round"].dropna()
+        if len(procs):
+            text += (f" The deployment started {_span(procs, '.0f')} ClientApp processes per "
+                     "round: one per SuperNode that plays a sampled client, which trains all of that node's "
+                     "clients of the round and answers with one message.")
+    return text
 
 
 def dp_table(rows: list[dict]) -> pd.DataFrame:

@@ -198,3 +198,31 @@ def test_a_simulation_never_returns_a_deployments_result(tmp_path, monkeypatch):
     assert load_cached(config, [deployed]) is not None  # the deployment's is left as it was
     with pytest.raises(ValueError, match="unknown Flower runtime"):
         flower_results_dir(tmp_path, "engine")
+
+
+def test_the_benchmark_gives_each_path_as_a_multiple_of_the_engine_and_the_page_shows_it():
+    """Ratios come from the rows of one run (the engine's first); the Flower page's table keeps them and
+    the deployment's ClientApp processes per round, and its sentence names both."""
+    from fedlib.flower.bench import with_ratios
+    from studies import flower as page
+
+    common = {"method": "FedAvg", "rounds": 10}
+    rows = with_ratios([
+        {**common, "engine_name": "fedlib engine", "s_per_round": 2.0, "total_s": 20.0, "startup_s": 0.5,
+         "peak_rss_mb": 1024.0},
+        {**common, "engine_name": "Flower simulation", "s_per_round": 3.0, "total_s": 50.0, "startup_s": 12.0,
+         "peak_rss_mb": 2048.0},
+        {**common, "engine_name": "Flower deployment (3 SuperNodes)", "s_per_round": 5.0, "total_s": 80.0,
+         "startup_s": 20.0, "peak_rss_mb": 3072.0, "clientapp_processes_per_round": 3.0}])
+    assert [r["ratio_s_per_round"] for r in rows] == [1.0, 1.5, 2.5]
+    assert [r["ratio_total"] for r in rows] == [1.0, 2.5, 4.0]
+    import pandas as pd
+
+    table = pd.DataFrame(rows).rename(columns={
+        "engine_name": "engine", "s_per_round": "s/round", "startup_s": "start-up (s)",
+        "ratio_s_per_round": "x engine per round",
+        "clientapp_processes_per_round": "ClientApp processes per round"})
+    table["peak memory (GiB)"] = table.pop("peak_rss_mb") / 1024
+    text = page.timing_summary(table)
+    assert "simulation took 1.50 times" in text and "took 2.50 times" in text
+    assert "started 3 ClientApp processes per round" in text

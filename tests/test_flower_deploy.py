@@ -1,6 +1,7 @@
 """fedlib on Flower's Deployment Runtime: a SuperLink and 3 SuperNodes started as local processes,
 over TLS with SuperNode authentication, each SuperNode holding only its own clients' data, run
-FedAvg and a local-DP algorithm for 2 rounds and give the engine's global model; a SuperNode with an
+FedAvg and a local-DP algorithm for 2 rounds and give the engine's global model, with one message
+(and one ClientApp process) per SuperNode and round; a SuperNode with an
 unregistered key and one without the CA certificate are turned away; every process they started and
 every key they made is gone afterwards."""
 
@@ -67,6 +68,11 @@ def test_a_local_deployment_gives_the_engines_model_and_leaves_nothing_behind(tm
         assert r.meta["engine"] == "flower" and r.meta["flower"]["mode"] == "deployment"
         assert r.meta["flower"]["transport"] == "tls+supernode-auth" and r.config.randomness == "seeded"
         assert r.meta["flower"]["nodes"] == 3 and r.meta["flower"]["peak_rss_mb"] > 0
+        # one train message per SuperNode and round, each answered by one ClientApp process
+        assert r.meta["flower"]["max_clientapp_processes_per_node"] == 1
+        assert all(m <= 3 for m in r.meta["flower"]["messages_per_round"])
+        assert all(p <= m for p, m in zip(r.meta["flower"]["clientapp_processes_per_round"],
+                                          r.meta["flower"]["messages_per_round"], strict=True))
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # as each ClientApp
         try:

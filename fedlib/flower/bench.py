@@ -2,8 +2,10 @@
 one after the other on the same idle machine (``python -m fedlib.flower bench --save``).
 
 For each configuration: seconds per round (the median over rounds after the first, which pays
-for loading and warming up), start-up (from the call to the first round), and the peak resident
-memory of the whole process tree (for Flower: server, Ray and its workers), sampled every 0.25 s.
+for loading and warming up), start-up (from the call to the first round), the peak resident
+memory of the whole process tree (for Flower: server, Ray and its workers), sampled every 0.25 s,
+each path's time as a ratio to the engine's in the same run (per round and in all), and for the
+deployment the train messages and ClientApp processes of a round.
 Both write their results to a temporary folder: nothing is cached or committed but the summary,
 ``data/bench/flower/<device>-<date>.json`` with provenance.
 """
@@ -68,7 +70,9 @@ def measure_deployment(config: Config, nodes: int = 3) -> dict:
     flower = result.meta["flower"]
     return {"s_per_round": _per_round(result.history), "total_s": total, "startup_s": flower["startup_s"],
             "peak_rss_mb": flower["peak_rss_mb"], "engine": f"flower deployment ({nodes} SuperNodes)",
-            "test_acc": result.final["test_acc"]}
+            "test_acc": result.final["test_acc"],
+            "messages_per_round": statistics.mean(flower["messages_per_round"]),
+            "clientapp_processes_per_round": statistics.mean(flower["clientapp_processes_per_round"])}
 
 
 def compare(configs: dict[str, Config], cpus: int | None = None, nodes: int = 0) -> list[dict]:
@@ -80,10 +84,18 @@ def compare(configs: dict[str, Config], cpus: int | None = None, nodes: int = 0)
         paths.append((f"Flower deployment ({nodes} SuperNodes)", lambda c: measure_deployment(c, nodes)))
     rows = []
     for label, config in configs.items():
-        for name, fn in paths:
-            rows.append({"method": label, "engine_name": name, "rounds": config.rounds,
-                         "config_key": config.key(), **fn(config)})
+        mine = [{"method": label, "engine_name": name, "rounds": config.rounds, "config_key": config.key(),
+                 **fn(config)} for name, fn in paths]
+        rows += with_ratios(mine)
     return rows
+
+
+def with_ratios(rows: list[dict]) -> list[dict]:
+    """``rows`` of one configuration (the engine's first) with each one's time as a multiple of the
+    engine's, measured in the same run: per round and in all (start-up included)."""
+    base = rows[0]
+    return [{**r, "ratio_s_per_round": r["s_per_round"] / base["s_per_round"],
+             "ratio_total": r["total_s"] / base["total_s"]} for r in rows]
 
 
 def save(rows: list[dict], folder: Path | None = None) -> Path:

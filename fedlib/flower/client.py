@@ -1,11 +1,12 @@
 """The Flower ``ClientApp``: a SuperNode that plays one or more fedlib clients.
 
-A ``train`` message carries the fedlib config (JSON), the round, the client to play, the global
-model and what the algorithm broadcasts; the node runs that client's own functions on the client's
-data (:func:`fedlib.engine.run_sequential` for one client), which ends with the algorithm's
-client-side randomiser (local DP) keyed on the client's id, keeps the client's state across rounds in
-``context.state`` and replies with the upload and its training metrics. A ``query`` message asks
-which fedlib clients the node plays.
+A ``train`` message carries the fedlib config (JSON), the round, **every client the node plays in
+that round** (one message per node and round), the global model and what the algorithm broadcasts.
+The node trains those clients in one process with the engine's own functions on their data
+(:func:`fedlib.engine.run_sequential`), each ending with the algorithm's client-side randomiser
+(local DP) keyed on the client's id; it keeps each client's state across rounds in
+``context.state`` and replies once, with every client's upload and training metrics stacked in the
+order the message listed them. A ``query`` message asks which fedlib clients the node plays.
 
 Where a node's data come from:
 
@@ -21,6 +22,7 @@ Where a node's data come from:
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -45,8 +47,9 @@ STATE_PREFIX = "fedlib.client_state."
 
 
 class NodeClients:
-    """What one node needs to play its clients: their data only, the model, the algorithm, and the
-    initial client state (from the seeded initial model, as the engine's)."""
+    """What one node needs to play its clients: their data only (concatenated in client order),
+    the model, the algorithm, and the initial client state (from the seeded initial model, as the
+    engine's)."""
 
     def __init__(self, config: Config, x: dict[int, torch.Tensor], y: dict[int, torch.Tensor],
                  sizes: list[int]):
@@ -54,27 +57,34 @@ class NodeClients:
         from fedlib.experiment import init_params, projection_dim
         from fedlib.models import build_model
 
-        self.x, self.y = x, y
+        self.clients = sorted(x)
+        self.x = torch.cat([x[c] for c in self.clients])
+        self.y = torch.cat([y[c] for c in self.clients])
+        starts = np.cumsum([0] + [len(y[c]) for c in self.clients])
+        #: client id -> the positions of its samples in ``x`` and ``y``
+        self.rows = {c: np.arange(starts[i], starts[i + 1]) for i, c in enumerate(self.clients)}
         # float32, as the model is built: Flower refuses float64 configs (fedlib.flower.check_supported)
         self.model = build_model(config.model, dropout=config.dropout, proj_dim=projection_dim(config))
         self.algo = ALGORITHMS[config.algorithm](config, self.model)
         self.algo.bind_clients(sizes)  # the client sizes are public (record-level DP calibrates on them)
         self.init_params = init_params(config, self.model)
 
-    @property
-    def clients(self) -> list[int]:
-        return sorted(self.x)
+    def examples(self, cid: int) -> int:
+        return len(self.rows[cid])
 
     def initial_state(self, cid: int):
         return self.algo.init_client_state(self.init_params)
 
-    def run(self, cid: int, t: int, cstate, ctx: RoundContext):
-        """Client ``cid``'s round on its own samples (the plan on positions in its local tensor)."""
+    def run(self, cids: list[int], t: int, cstates, ctx: RoundContext):
+        """Round ``t`` of clients ``cids`` (their states stacked in that order), each on its own
+        samples: the engine's plan for these clients on positions in the node's tensors (each
+        client's minibatches depend only on its id and its own samples, see
+        :func:`fedlib.experiment.client_plan`), then the engine's sequential path."""
         from fedlib.experiment import client_plan
 
-        x, y = self.x[cid], self.y[cid]
-        plan = client_plan(self.algo, self.model, [np.arange(len(y))], [cid], t, ctx.gparams, x.device)
-        return run_sequential(self.algo, x, y, plan, stack([cstate]), ctx)
+        plan = client_plan(self.algo, self.model, [self.rows[c] for c in cids], cids, t, ctx.gparams,
+                           self.x.device)
+        return run_sequential(self.algo, self.x, self.y, plan, cstates, ctx)
 
 
 # pragma: no mutate start (which data a node holds and plays, its thread count: not privacy code)
@@ -145,39 +155,47 @@ def query(msg: Message, context: Context) -> Message:
     _, config = _job(msg)
     node = _node(config, context)
     info = ConfigRecord({"clients": json.dumps(node.clients),
-                         "num-examples": json.dumps([len(node.y[c]) for c in node.clients])})
+                         "num-examples": json.dumps([node.examples(c) for c in node.clients])})
     return Message(RecordDict({"info": info}), reply_to=msg)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """One round of the algorithm's local training for one of this node's clients."""
+    """One round of the algorithm's local training for the clients of this node the message names."""
     return train_reply(msg, context)
 
 
 def train_reply(msg: Message, context: Context) -> Message:
-    """The reply to a ``train`` message: the client's round (its local randomiser included, keyed on
-    the round and client the message names) and its new state kept in ``context.state``. Not
-    decorated, so that the mutation run of the privacy code can edit it (mutmut leaves decorated
-    functions alone)."""
+    """The reply to a ``train`` message: the round of every client it names (each one's local
+    randomiser included, keyed on the round and on that client), their new states kept in
+    ``context.state``, and one reply carrying every client's upload and metrics, stacked in the
+    order of the message's ``clients``. Not decorated, so that the mutation run of the privacy code
+    can edit it (mutmut leaves decorated functions alone)."""
     job, config = _job(msg)
     node = _node(config, context)
-    cid, t = int(job["client"]), int(job["round"])
-    if cid not in node.x:
-        raise ValueError(f"this node does not hold client {cid}'s data (it plays {node.clients})")
+    cids, t = [int(c) for c in json.loads(str(job["clients"]))], int(job["round"])
+    foreign = [c for c in cids if c not in node.rows]
+    if foreign or not cids or len(set(cids)) != len(cids):
+        raise ValueError(f"this node plays clients {node.clients}; the message asks for {cids}")
     algo = node.algo
     gparams = from_records(msg.content["global"])
     shared = from_records(msg.content["shared"], msg.content["shared_scalars"])
     ctx = RoundContext(t, gparams, algo.hyper(t), shared)
-    state_key = f"{STATE_PREFIX}{config.key()}.{cid}"
     prefix = f"{STATE_PREFIX}{config.key()}."
     for old in [k for k in context.state if k.startswith(STATE_PREFIX) and not k.startswith(prefix)]:
         del context.state[old]  # a node serves one run at a time: drop an earlier run's states
-    cstate = from_records(context.state[state_key]) if state_key in context.state else node.initial_state(cid)
-    # the engine's sequential path for this one client, its local randomiser (local DP) included
-    uploads, new_cstates, metrics = node.run(cid, t, cstate, ctx)
-    context.state[state_key] = to_records(index(new_cstates, 0))[0]
-    upload, _ = to_records(index(uploads, 0))
-    metric_arrays, _ = to_records(index(metrics, 0))
-    info = ConfigRecord({"client": cid, "num-examples": len(node.y[cid])})
+
+    def state(c: int):  # the client's state from its last round here, or its initial one
+        key = f"{prefix}{c}"
+        return from_records(context.state[key]) if key in context.state else node.initial_state(c)
+
+    cstates = [state(c) for c in cids]
+    # the engine's sequential path for these clients, each one's local randomiser (local DP) included
+    uploads, new_cstates, metrics = node.run(cids, t, stack(cstates), ctx)
+    for i, c in enumerate(cids):
+        context.state[f"{prefix}{c}"] = to_records(index(new_cstates, i))[0]
+    upload, _ = to_records(uploads)
+    metric_arrays, _ = to_records(metrics)
+    info = ConfigRecord({"clients": json.dumps(cids), "pid": os.getpid(),
+                         "num-examples": json.dumps([node.examples(c) for c in cids])})
     return Message(RecordDict({"upload": upload, "metrics": metric_arrays, "info": info}), reply_to=msg)

@@ -11,12 +11,13 @@ writes the result like :func:`fedlib.run` under ``<results>/flower/`` (``engine:
 process tree.
 
 What is and is not real here: the processes talk over the network stack (HTTPS on localhost), each
-SuperNode runs its ClientApp in a subprocess per message, keeps its clients' state, and holds only
-its clients' data. By default every connection is TLS, checked against a CA made for this
-deployment, and the SuperLink admits only the SuperNodes whose public keys the deployment
-registered (:mod:`fedlib.flower.credentials`; keys in a private temporary folder, deleted at the
-end); ``secure=False`` is Flower's ``--insecure``. The server learns the clients' sample counts from
-the config here, where a real one would learn them from the nodes. The ServerApp trains with the
+SuperNode runs its ClientApp in a subprocess per message (one message per node and round, carrying
+all the node's clients of the round), keeps its clients' state, and holds only its clients' data. By
+default every connection is TLS, checked against a CA made for this deployment, and the SuperLink
+admits only the SuperNodes whose public keys the deployment registered
+(:mod:`fedlib.flower.credentials`; keys in a private temporary folder, deleted at the end);
+``secure=False`` is Flower's ``--insecure``. The server learns the clients' sample counts from the
+config here, where a real one would learn them from the nodes. The ServerApp trains with the
 config's randomness: ``secret`` (OS entropy; the command line's default) or ``seeded`` (public
 seeds, so that a deployment reproduces the engine's model: what the tests use).
 """

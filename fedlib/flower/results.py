@@ -89,6 +89,7 @@ class ResultWriter:
 
         self.config = config
         self.first_round_at = None
+        self.transport: list[dict[str, int]] = []
         self.trainee = Trainee(config, torch.device("cpu"), self.root, force=True)
         self.trainee.personal = False  # the personal models stay on the clients
         self.t_start = time.time()
@@ -96,6 +97,11 @@ class ResultWriter:
         return self.trainee.exp
 
     def on_round(self, t: int, rec: dict, wall_s: float) -> None:
+        from fedlib.flower.server import TRANSPORT
+
+        rec = dict(rec)
+        if TRANSPORT in rec:
+            self.transport.append(rec.pop(TRANSPORT))
         if self.first_round_at is None:  # the clock of the progress bar starts with round 1
             self.first_round_at = time.time() - wall_s
             self.bar = tqdm(total=self.config.rounds, desc=f"{self.config.algorithm} (flower)", unit="round",
@@ -109,6 +115,11 @@ class ResultWriter:
             flower = dict(self.extra.get("flower", {}))
             if self.memory is not None:
                 flower["peak_rss_mb"] = round(self.memory.sample(), 1)
+            if self.transport:  # what one round cost in messages and ClientApp processes
+                flower["messages_per_round"] = [r["messages"] for r in self.transport]
+                flower["clientapp_processes_per_round"] = [r["processes"] for r in self.transport]
+                flower["max_clientapp_processes_per_node"] = max(r["max_processes_per_node"]
+                                                                 for r in self.transport)
             if self.launched_at is not None:
                 flower["startup_s"] = round(self.first_round_at - self.launched_at, 2)
             extra = {**self.extra, "flower": flower}

@@ -2,8 +2,9 @@
 
 :class:`FedlibStrategy` keeps the run's server half (:class:`fedlib.experiment.Experiment`: the global
 model, the server state, the accountant, the test set). Each round it samples the clients the
-algorithm would sample, sends each one's node the global model and the broadcast, and hands the
-replies, stacked in client order, to :meth:`Experiment.aggregate` (the algorithm's
+algorithm would sample, groups them by the node that plays them and sends **one message per node**
+(the global model, the broadcast and the node's clients of the round), and hands the replies'
+uploads, stacked in the order of the sample, to :meth:`Experiment.aggregate` (the algorithm's
 ``server_update``: central DP noise, adaptive clipping, pruning masks) and the accountant.
 Evaluation is centralised on the server's test set, as in fedlib's engine.
 """
@@ -24,8 +25,12 @@ from flwr.serverapp.strategy import Strategy
 from fedlib.algorithms.base import RoundContext
 from fedlib.config import Config
 from fedlib.flower.records import from_records, to_records
-from fedlib.tree import stack
+from fedlib.tree import index, stack
 
+# pragma: no mutate start (a name shared by the strategy and the result writer)
+#: The entry of a round's record (as ``on_round`` receives it) that counts its messages and processes.
+TRANSPORT = "flower_transport"
+# pragma: no mutate end
 #: How long the server waits for every node to connect, in seconds.
 CONNECT_TIMEOUT_S = 300.0
 
@@ -67,11 +72,27 @@ def _raise_errors(replies: list[Message]) -> None:
 # pragma: no mutate end
 
 
+# pragma: no mutate start (counting messages and processes: not privacy code)
+def transport(replies: list[Message]) -> dict[str, int]:
+    """A round's train messages, the nodes they went to, and the distinct ClientApp processes
+    that answered (Flower's Deployment Runtime starts one per message), at most per node."""
+    per_node: dict[int, set[int]] = {}
+    for r in replies:
+        per_node.setdefault(r.metadata.src_node_id, set()).add(int(r.content["info"]["pid"]))
+    return {"messages": len(replies), "nodes": len(per_node),
+            "processes": sum(len(p) for p in per_node.values()),
+            "max_processes_per_node": max((len(p) for p in per_node.values()), default=0)}
+
+
+# pragma: no mutate end
+
+
 class FedlibStrategy(Strategy):
     """A Flower strategy that runs one fedlib configuration's server.
 
     ``on_round(t, rec, wall_s)`` receives each round's training metrics (the same record as
-    fedlib's engine makes) and the round's wall time, from sending to aggregating.
+    fedlib's engine makes, plus its messages and processes under :data:`TRANSPORT`) and the
+    round's wall time, from sending to aggregating.
     """
 
     def __init__(self, experiment, nodes: dict[int, int], on_round: Callable[[int, dict, float], None],
@@ -100,12 +121,16 @@ class FedlibStrategy(Strategy):
         # ``arrays`` is exp.gparams as encoded by aggregate_train (or by main before round 1)
         content = {"global": arrays, "shared": shared, "shared_scalars": shared_scalars}
 
-        def job(cid: int) -> ConfigRecord:  # which client the node plays in this message
-            return ConfigRecord({**self.job, "round": t, "client": cid})
+        by_node: dict[int, list[int]] = {}  # node -> its clients of the round, in sampling order
+        for cid in selected:
+            by_node.setdefault(self.nodes[cid], []).append(cid)
 
-        return [Message(RecordDict({**content, "job": job(cid)}), dst_node_id=self.nodes[cid],
+        def job(cids: list[int]) -> ConfigRecord:  # which clients the node plays in this message
+            return ConfigRecord({**self.job, "round": t, "clients": json.dumps(cids)})
+
+        return [Message(RecordDict({**content, "job": job(cids)}), dst_node_id=node,
                         message_type=MessageType.TRAIN, group_id=str(server_round))
-                for cid in selected]
+                for node, cids in by_node.items()]
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -113,17 +138,24 @@ class FedlibStrategy(Strategy):
         selected, ctx, t0 = self._round
         replies = list(replies)
         _raise_errors(replies)
-        by_client = {int(r.content["info"]["client"]): r.content for r in replies}
-        if sorted(by_client) != sorted(selected):
-            raise RuntimeError(f"round {server_round}: replies from clients {sorted(by_client)}, "
-                               f"expected {selected}")
         dev = self.exp.device
+        by_client: dict[int, tuple] = {}  # client -> (its reply's uploads, its metrics, its row there)
+        listed: list[int] = []
+        for r in replies:
+            cids = [int(c) for c in json.loads(str(r.content["info"]["clients"]))]
+            up = from_records(r.content["upload"], device=dev)
+            met = from_records(r.content["metrics"], device=dev)
+            by_client.update({c: (up, met, i) for i, c in enumerate(cids)})
+            listed += cids
+        if sorted(listed) != sorted(selected):
+            raise RuntimeError(f"round {server_round}: replies for clients {sorted(listed)}, "
+                               f"expected {sorted(selected)}")
         uploads = metrics = None
         if selected:
-            uploads = stack([from_records(by_client[c]["upload"], device=dev) for c in selected])
-            metrics = stack([from_records(by_client[c]["metrics"], device=dev) for c in selected])
+            uploads = stack([index(by_client[c][0], by_client[c][2]) for c in selected])
+            metrics = stack([index(by_client[c][1], by_client[c][2]) for c in selected])
         rec = self.exp.aggregate(selected, ctx, uploads, metrics)
-        self.on_round(ctx.t, rec, time.time() - t0)
+        self.on_round(ctx.t, {**rec, TRANSPORT: transport(replies)}, time.time() - t0)
         numeric = {k: float(v) for k, v in rec.items() if isinstance(v, (int, float)) and v == v}
         return to_records(self.exp.gparams)[0], MetricRecord(numeric)
 
