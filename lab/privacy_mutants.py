@@ -199,8 +199,6 @@ _THREADS = ("the ClientApp's torch thread count: where the work runs, not what i
             "a missing count as 1, the value every caller passes")
 _GROUP = ("Flower's group id labels a round's messages for its logs; neither app reads it, and Flower "
           "delivers replies by message id")
-_NUM_EXAMPLES = ("the server never reads num-examples from a train reply: it weights by the client sizes "
-                 "it derives from the config (fedlib.experiment.Experiment.sizes)")
 _METRICS = ("the MetricRecord a round returns goes to Flower's log only; the result's history is "
             "written from the same round record through on_round, and the released model, noise and "
             "accounting are fixed before this line")
@@ -210,15 +208,12 @@ _ON_ROUND = ("on_round writes the result file and the progress bar after the rou
 _ON_ROUND_CALL = "self.on_round(ctx.t, {**rec, TRANSPORT: transport(replies)}, time.time() - t0)"
 _NUMERIC = "numeric = {k: float(v) for k, v in rec.items() if isinstance(v, (int, float)) and v == v}"
 _GROUP_LINE = "message_type=MessageType.TRAIN, group_id=str(server_round))"
-_INFO = '"num-examples": json.dumps([node.examples(c) for c in cids])})'
 _JOB = 'self.job = {"config": json.dumps(experiment.config.to_dict()), "threads": threads}'
 _STATE = "return from_records(context.state[key]) if key in context.state else node.initial_state(c)"
 FLOWER_EQUIVALENT: list[tuple[str, str, str, str]] = [
     _swap(_CLIENT, _STATE, "initial_state(c)", "initial_state(None)",
           "NodeClients.initial_state ignores its client id: every client starts from the algorithm's "
           "state for the seeded initial model, as in the engine"),
-    _swap(_CLIENT, _INFO, '"num-examples"', '"XXnum-examplesXX"', _NUM_EXAMPLES),
-    _swap(_CLIENT, _INFO, '"num-examples"', '"NUM-EXAMPLES"', _NUM_EXAMPLES),
     _swap(_SERVER, "threads: int = 1):", "1", "2", _THREADS),
     _swap(_SERVER, _JOB, '"threads"', '"XXthreadsXX"', _THREADS),
     _swap(_SERVER, _JOB, '"threads"', '"THREADS"', _THREADS),

@@ -196,6 +196,7 @@ def train_reply(msg: Message, context: Context) -> Message:
         context.state[f"{prefix}{c}"] = to_records(index(new_cstates, i))[0]
     upload, _ = to_records(uploads)
     metric_arrays, _ = to_records(metrics)
-    info = ConfigRecord({"clients": json.dumps(cids), "pid": os.getpid(),
-                         "num-examples": json.dumps([node.examples(c) for c in cids])})
+    # the clients answered for, and the process that trained them (the server counts processes per
+    # round); no sample counts: the server weights by the sizes it derives from the config
+    info = ConfigRecord({"clients": json.dumps(cids), "pid": os.getpid()})
     return Message(RecordDict({"upload": upload, "metrics": metric_arrays, "info": info}), reply_to=msg)
