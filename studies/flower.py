@@ -123,16 +123,26 @@ def timing_summary(timing: pd.DataFrame) -> str:
         parts.append(f"{engine} took {_span(ratio, '.2f')} times the engine's time per "
                      f"round, paid {wide[('start-up (s)', engine)].max():.0f} s of start-up once per run "
                      f"and used {_span(memory, '.1f')} times its memory")
-    text = ("Per configuration: " + "; ".join(parts) + ". The clients' training dominates each round; "
-            "what Flower adds is start-up (Ray and its workers, or the SuperLink and SuperNodes) and "
-            "the processes' memory. What it buys is the real structure: the model travels to each "
-            "client and back as a message every round, and the clients could be other machines.")
+    text = "Per configuration: " + "; ".join(parts) + "."
+    per_round = {e: float(wide[("s/round", e)].div(wide[("s/round", base)]).max())
+                 for e in timing["engine"].unique() if e != base}
+    close = [e for e, r in per_round.items() if r < 1.5]
+    slow = [e for e, r in per_round.items() if r >= 2.0]  # at least half of each round is not the training
+    if close:
+        text += (f" In the {' and '.join(close)} the clients' training dominates each round; what Flower "
+                 "adds is start-up and the processes' memory.")
+    if slow:
+        text += (f" In the {' and '.join(slow)} most of a round is not training: Flower starts a fresh "
+                 "ClientApp process for every message, which imports PyTorch and loads its node's data "
+                 "before it trains, and each process holds its own copy of the model and data.")
     if "ClientApp processes per round" in timing:
         procs = timing["ClientApp processes per round"].dropna()
         if len(procs):
-            text += (f" The deployment started {_span(procs, '.0f')} ClientApp processes per "
-                     "round: one per SuperNode that plays a sampled client, which trains all of that node's "
-                     "clients of the round and answers with one message.")
+            text += (f" The deployment started {_span(procs, '.0f')} ClientApp processes per round: one per "
+                     "SuperNode that plays a sampled client, which trains all of that node's clients of the "
+                     "round and answers with one message.")
+    text += (" What Flower buys is the real structure: the model travels to each node and back as a message "
+             "every round, and the nodes could be other machines.")
     return text
 
 

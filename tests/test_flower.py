@@ -226,3 +226,5 @@ def test_the_benchmark_gives_each_path_as_a_multiple_of_the_engine_and_the_page_
     text = page.timing_summary(table)
     assert "simulation took 1.50 times" in text and "took 2.50 times" in text
     assert "started 3 ClientApp processes per round" in text
+    assert "In the Flower deployment (3 SuperNodes) most of a round is not training" in text
+    assert "In the Flower simulation" not in text  # 1.5 times: neither close to the engine nor overhead
