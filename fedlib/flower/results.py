@@ -19,6 +19,9 @@ from fedlib.results import Result, results_dir
 
 #: Sub-folder of the results folder that holds Flower runs, one folder per runtime below it.
 FLOWER_DIR = "flower"
+#: The entry of a round's record (as the strategy's ``on_round`` receives it) that counts the round's
+#: messages and ClientApp processes; :class:`ResultWriter` keeps it in the result's metadata.
+TRANSPORT = "flower_transport"
 #: Flower's runtimes (Simulation and Deployment Runtime): each keeps its results apart.
 RUNTIMES = ("simulation", "deployment")
 
@@ -97,8 +100,6 @@ class ResultWriter:
         return self.trainee.exp
 
     def on_round(self, t: int, rec: dict, wall_s: float) -> None:
-        from fedlib.flower.server import TRANSPORT
-
         rec = dict(rec)
         if TRANSPORT in rec:
             self.transport.append(rec.pop(TRANSPORT))

@@ -25,12 +25,9 @@ from flwr.serverapp.strategy import Strategy
 from fedlib.algorithms.base import RoundContext
 from fedlib.config import Config
 from fedlib.flower.records import from_records, to_records
+from fedlib.flower.results import TRANSPORT
 from fedlib.tree import index, stack
 
-# pragma: no mutate start (a name shared by the strategy and the result writer)
-#: The entry of a round's record (as ``on_round`` receives it) that counts its messages and processes.
-TRANSPORT = "flower_transport"
-# pragma: no mutate end
 #: How long the server waits for every node to connect, in seconds.
 CONNECT_TIMEOUT_S = 300.0
 
