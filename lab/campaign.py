@@ -52,6 +52,7 @@ from fedlib.results import (
     REPO_ROOT,
     Result,
     atomic_write_bytes,
+    checkpoint_path,
     content_hash,
     result_path,
     result_status,
@@ -242,6 +243,25 @@ def claim_plan(profile: str, root: Path | None = None, kind: str | None = None,
     return rows
 
 
+def rounds_left(config: Config, root: Path | None = None) -> float:
+    """The share of ``config``'s rounds still to train: below 1 when a checkpoint of this config
+    (left by a run cut off in an earlier working period on this machine) holds the first rounds, so
+    that a short budget still starts the run that only needs its last rounds. An unreadable or
+    foreign checkpoint counts as none (the run would start again from round 0)."""
+    path = checkpoint_path(config, root)
+    if not path.exists():
+        return 1.0
+    import torch
+
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        if saved.get("config_key") != config.key():
+            return 1.0
+        return min(1.0, max(0.0, 1.0 - int(saved["next_round"]) / config.rounds))
+    except Exception:  # noqa: BLE001 - any unreadable checkpoint: as if there were none
+        return 1.0
+
+
 def plan(profile: str, root: Path | None = None, kind: str | None = None,
          pages: list[str] | None = None, n_seeds: int | None = None) -> list[dict]:
     """Per page: configurations needed, present, missing, estimated minutes of the missing ones."""
@@ -354,7 +374,7 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
         for group in groups(configs, per_sample, rc):
             for i in range(0, len(group), max_batch):
                 chunk = group[i:i + max_batch]
-                est = sum(estimate_s(c, per_sample, rc) for c in chunk)
+                est = sum(estimate_s(c, per_sample, rc) * rounds_left(c, root) for c in chunk)
                 if time.time() >= deadline or (math.isfinite(est) and time.time() + est > deadline):
                     skipped += len(chunk)
                     complete = False

@@ -84,6 +84,39 @@ def test_a_deadline_mid_run_checkpoints_and_resumes(tmp_path):
     assert done.meta["resumed_from_round"] == 1 and len(done.history) == 3
 
 
+def test_a_checkpointed_run_is_estimated_by_the_rounds_it_has_left(tmp_path):
+    """A run cut off at round 1 of 3 has two thirds of its rounds left; without a readable checkpoint
+    of its own config, all of them."""
+    from fedlib.results import checkpoint_path
+    from fedlib.run import run_many
+
+    cfg = TINY.replace(rounds=3)
+    assert campaign.rounds_left(cfg, tmp_path) == 1.0
+    run_many([cfg], root=tmp_path, progress=False, deadline=0.0)  # checkpoints after round 1
+    assert campaign.rounds_left(cfg, tmp_path) == pytest.approx(2 / 3)
+    assert campaign.rounds_left(cfg.replace(seed=5), tmp_path) == 1.0  # another config: no checkpoint
+    checkpoint_path(cfg.replace(seed=5), tmp_path).write_bytes(b"not a checkpoint")
+    assert campaign.rounds_left(cfg.replace(seed=5), tmp_path) == 1.0
+
+
+def test_a_short_budget_finishes_a_checkpointed_run_it_would_not_start_afresh(tmp_path, monkeypatch):
+    """Estimated at 120 s whole, a 90 s budget does not start the run; cut off after its first of
+    two rounds (60 s left), the same budget starts and finishes it from the checkpoint."""
+    from fedlib.run import run_many
+
+    cfg = TINY  # two rounds
+    monkeypatch.setenv("FEDLIB_RESULTS_DIR", str(tmp_path))
+    monkeypatch.setattr(campaign, "needed", lambda profile, pages=None, n_seeds=None: {"page": [cfg]})
+    monkeypatch.setattr(campaign, "claims_for", lambda profile, n_seeds=None: [("P", "page", "c", [cfg])])
+    per_sample = 120.0 / campaign.estimate_s(cfg, 1.0, campaign.record_dp_cost("cpu"))
+    monkeypatch.setattr(campaign, "bench_seconds_per_sample", lambda kind: (per_sample, "stub"))
+    assert campaign.run("smoke", budget_min=1.5, root=tmp_path, progress=False)["trained"] == 0
+    run_many([cfg], root=tmp_path, progress=False, deadline=0.0)  # cut off after round 1
+    out = campaign.run("smoke", budget_min=1.5, root=tmp_path, progress=False)
+    assert out["trained"] == 1 and out["still missing"] == 0
+    assert json.loads(result_path(cfg, tmp_path).read_text())["meta"]["resumed_from_round"] == 1
+
+
 def test_groups_put_one_shape_together(pages):
     gs = campaign.groups(campaign.missing(pages), per_sample=1e-6)
     assert sorted(len(g) for g in gs) == [1, 2]  # scaffold alone; the two fedavg seeds together
