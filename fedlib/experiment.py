@@ -170,7 +170,10 @@ class Experiment:
         rec = {"train_loss": float((metrics["train_loss"].float() * weights).sum()),
                "clients": len(selected), "bytes_up": int(up), "bytes_down": int(down)}
         if "update_norm" in metrics:  # DP algorithms report each client's update norm before clipping
-            rec["update_norm_median"] = float(metrics["update_norm"].median())
+            norms = metrics["update_norm"].double()  # diagnostics of the raw updates, not private
+            rec["update_norm_median"] = float(norms.median())
+            q10, q90 = torch.quantile(norms, torch.tensor([0.1, 0.9], dtype=norms.dtype, device=norms.device))
+            rec["update_norm_q10"], rec["update_norm_q90"] = float(q10), float(q90)
         rec.update({k[len(RELEASE_PREFIX):]: float(v.double().mean()) for k, v in metrics.items()
                     if k.startswith(RELEASE_PREFIX) and k not in PRIVACY_RECORDS})
         rec.update(algo.round_metrics(self.server_state, ctx))

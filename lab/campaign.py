@@ -451,7 +451,8 @@ class InvalidResult(ValueError):
 UNIT_METRICS = ("test_acc", "personal_acc", "sent_frac", "kept_frac", "sparsity")
 #: Metrics that are counts, sizes or times: >= 0.
 NONNEGATIVE = ("clients", "bytes_up", "bytes_down", "wall_s", "eval_s", "clip", "next_clip",
-               "update_norm_median", "noise_multiplier", "lr")
+               "update_norm_median", "update_norm_q10", "update_norm_q90", "noise_norm", "noise_multiplier",
+               "lr")
 PROVENANCE = ("device", "git_commit", "torch", "seed", "duration_s", "config_key", "content_sha256")
 
 

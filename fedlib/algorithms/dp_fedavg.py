@@ -113,7 +113,17 @@ class DpFedAvg(Algorithm):
         return new, {"clip": torch.tensor(new_clip, dtype=torch.float64, device=server_state["clip"].device)}
 
     def round_metrics(self, server_state: Tree, ctx: RoundContext) -> dict[str, float]:
-        return {"clip": ctx.shared["clip"], "next_clip": float(server_state["clip"])}
+        return {"clip": ctx.shared["clip"], "next_clip": float(server_state["clip"]),
+                "noise_norm": self.noise_norm(ctx.shared["clip"], ctx.gparams)}
+
+    def noise_norm(self, clip: float, gparams: Params) -> float:
+        """The expected L2 norm of the noise in this round's server step, ``eta_s z_Delta C sqrt(d) / (qN)``
+        (Gaussian noise of std ``sigma`` in ``d`` coordinates has norm ``sigma sqrt(d)`` up to a relative
+        ``1 / (4d)``; the discrete noise has the same variance). Computed from public quantities, not
+        from the draw, so recording it releases nothing; set beside the update norms it shows how much
+        of each step is noise (``C`` grows the noise as it grows the signal)."""
+        d = sum(p.numel() for p in gparams.values())
+        return self.config.server_lr * self.z_delta * clip * d ** 0.5 / self.expected
 
     def guarantee(self) -> Guarantee | None:
         if self.config.dp_noise_multiplier <= 0:

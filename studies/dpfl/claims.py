@@ -89,37 +89,44 @@ def claim1(fits: pd.DataFrame, by_eps: dict[float, np.ndarray], profile: str) ->
     return [Finding(claim, ours, Verdict.PARTLY, reason)]
 
 
-#: The claim as the ledger records it: the gain is judged against a tuned fixed C and a typical one.
-CLAIM2 = ARTICLE["claim2"] + " (against the best and the median fixed C)"
+#: The claim as the ledger records it: the best adaptive setting against the best fixed C.
+CLAIM2 = ARTICLE["claim2"] + " (the best adaptive setting against the best fixed C)"
+
+#: Labels of the clip sweep (:func:`studies.dpfl.pages.clip_sweep`): fixed arms start with the
+#: first, adaptive arms with the second; the third is the same federation without DP.
+FIXED, ADAPTIVE, NO_DP = "fixed C", "adaptive", "no DP"
 
 
 def claim2(acc: dict[str, np.ndarray], profile: str) -> list[Finding]:
-    """``acc``: accuracy per seed for each fixed clip norm (keyed ``fixed C = ...``) and for
-    ``adaptive``. The claimed gain is graded against a *typical* fixed C (the median over the grid,
-    per seed) by :func:`studies.claims.in_range`, but capped by the comparison with a *tuned* one (the
-    fixed C with the best mean accuracy, the same for every seed): adaptive clipping below it is not
-    reproduced, and a gain inside the noise against it is at most inconclusive. (Choosing the best C
-    on the same seeds favours fixed clipping slightly; a claim of 15-25 % should survive that.)"""
-    fixed_keys = [k for k in acc if k != "adaptive"]
-    fixed = np.array([acc[k] for k in fixed_keys])  # (clips, seeds)
-    typical = np.median(fixed, axis=0)
-    gains = 100 * (acc["adaptive"] - typical) / typical  # per seed, against a typical (median) fixed C
-    tuned = fixed_keys[int(np.argmax(fixed.mean(axis=1)))]
-    vs_tuned = 100 * (acc["adaptive"] - acc[tuned]) / acc[tuned]
+    """``acc``: accuracy per seed (in seed order) for each fixed clip norm (labels ``fixed C = ...``),
+    each adaptive arm (labels starting ``adaptive``: target quantile and server learning rate) and,
+    when present, the runs without DP (``no DP``).
+
+    Each family is tuned on its own grid, as a practitioner would: the fixed C and the adaptive arm
+    with the best mean accuracy. The claimed gain, per seed, of the best adaptive arm over the best
+    fixed C is graded by :func:`studies.claims.in_range` against 15-25 %. (Both are chosen on the same
+    seeds they are graded on; the adaptive grid is the larger, which favours it slightly.) The
+    reason adds the *headroom*: when 15 % above the best fixed C lies above the accuracy without DP,
+    no clipping rule under that noise can be expected to reach the claim in this federation."""
+    fixed_keys = [k for k in acc if str(k).startswith(FIXED)]
+    adaptive_keys = [k for k in acc if str(k).startswith(ADAPTIVE)]
+    tuned = max(fixed_keys, key=lambda k: float(np.mean(acc[k])))
+    best = max(adaptive_keys, key=lambda k: float(np.mean(acc[k])))
+    ours_acc, base = np.asarray(acc[best], float), np.asarray(acc[tuned], float)
+    gains = 100 * (ours_acc - base) / base  # per seed, paired
     f = c.in_range(CLAIM2, *ARTICLE["claim2_range"], gains, profile)
-    m, lo, hi = c.mean_ci(vs_tuned)
-    ours = f"{f.ours} (median C); against the best, {tuned}: {c._interval(m, lo, hi, ' %')}"
-    if profile == "smoke" or f.verdict is Verdict.NOT_EVALUATED:
+    ours = f"{best} against {tuned}: {f.ours}"
+    if f.verdict is Verdict.NOT_EVALUATED:
         return [Finding(CLAIM2, ours, f.verdict, f.reason)]
-    if len(vs_tuned) >= 2 and hi < 0:
-        return [Finding(CLAIM2, ours, Verdict.NOT_REPRODUCED,
-                        f"adaptive clipping is below the best fixed C ({tuned}): the 95 % interval of "
-                        "the gain is below 0")]
-    if f.verdict in (Verdict.REPRODUCED, Verdict.PARTLY) and not (len(vs_tuned) >= 2 and lo > 0):
-        return [Finding(CLAIM2, ours, Verdict.INCONCLUSIVE,
-                        f"ahead of a typical fixed C, but against the best ({tuned}) the gain is inside "
-                        "the noise")]
-    return [Finding(CLAIM2, ours, f.verdict, f.reason)]
+    reason = f.reason
+    if NO_DP in acc:
+        needed = float(np.mean(acc[tuned])) * (1 + ARTICLE["claim2_range"][0] / 100)
+        ceiling = float(np.mean(acc[NO_DP]))
+        if needed > ceiling:
+            reason += (f"; +{ARTICLE['claim2_range'][0]:g} % over the best fixed C needs {needed:.1f} %, "
+                       f"above the accuracy without DP ({ceiling:.1f} %): no clipping rule can reach the "
+                       "claim in this federation")
+    return [Finding(CLAIM2, ours, f.verdict, reason)]
 
 
 def claim3(table: pd.DataFrame, profile: str, diverged: int = 0, private: int | None = None) -> list[Finding]:
