@@ -15,6 +15,7 @@ from fedlib.algorithms.moon_dpap import noise_multipliers, total_epsilon
 from fedlib.privacy.accounting import (
     INTEGER_ORDERS,
     calibrate_constant_noise,
+    calibrate_replace_one,
     classic_gaussian_sigma,
     epsilon_of_gaussian_rounds,
     gaussian_sigma,
@@ -254,6 +255,48 @@ def test_calibration_with_sampling_on_pld_is_tighter_than_rdp():
     assert z_pld < 0.95 * z_rdp
     assert epsilon_of_gaussian_rounds([z_pld], 1e-5, q=0.5, accountant="pld") == pytest.approx(2.0, abs=1e-3)
     assert epsilon_of_gaussian_rounds([z_rdp], 1e-5, q=0.5, accountant="rdp") == pytest.approx(2.0, abs=1e-3)
+
+
+def _replace_one_delta(epsilon: float, z: float, q: float) -> float:
+    """delta(epsilon) of one Poisson-sampled Gaussian release under replace-one, by numerical
+    integration of the hockey-stick divergence of its pair (1-q) N(0) + q N(-1) against
+    (1-q) N(0) + q N(1), noise std z (a second implementation, independent of dp-accounting's PLD)."""
+    from scipy import integrate
+
+    def gap(x):
+        p = (1 - q) * stats.norm.pdf(x, 0, z) + q * stats.norm.pdf(x, -1, z)
+        r = (1 - q) * stats.norm.pdf(x, 0, z) + q * stats.norm.pdf(x, 1, z)
+        return max(0.0, p - math.exp(epsilon) * r)
+
+    return integrate.quad(gap, -40 * z, 40 * z, points=[-1.0, 0.0], limit=400, epsabs=1e-13)[0]
+
+
+@pytest.mark.parametrize("z,q", [(1.5, 0.2), (0.8, 0.05), (3.0, 0.5)])
+def test_replace_one_accounting_matches_the_hockey_stick_of_its_pair(z, q):
+    """The PLD accountant's replace-one epsilon of one sampled release is valid (its delta at most the
+    target, by direct integration) and tight (0.01 less has a larger delta); without sampling it is the
+    add/remove epsilon of half the multiplier (the sum moves by twice the sensitivity)."""
+    delta = 1e-5
+    eps = epsilon_of_gaussian_rounds([z], delta, q=q, accountant="pld", replace_one=True)
+    assert _replace_one_delta(eps, z, q) <= delta * (1 + 1e-3)
+    assert _replace_one_delta(eps - 0.01, z, q) > delta
+    assert eps > epsilon_of_gaussian_rounds([z], delta, q=q, accountant="pld")  # replacing costs more
+    replaced = epsilon_of_gaussian_rounds([2 * z] * 7, delta, accountant="pld", replace_one=True)
+    assert replaced == pytest.approx(epsilon_of_gaussian_rounds([z] * 7, delta, accountant="pld"), rel=1e-3)
+
+
+def test_replace_one_calibration_spends_its_target():
+    for eps, rounds, q in [(0.5, 100, 0.1), (2.0, 2, 0.1), (1.0, 20, 1.0)]:
+        z = calibrate_replace_one(eps, 1e-5, rounds, q)
+        spent = epsilon_of_gaussian_rounds([z] * rounds, 1e-5, q=q, accountant="pld", replace_one=True)
+        assert spent <= eps * (1 + 2e-3)  # the PLD grid rounds up: a conservative multiplier
+        assert epsilon_of_gaussian_rounds([0.98 * z] * rounds, 1e-5, q=q, accountant="pld",
+                                          replace_one=True) > eps  # and not a wasteful one
+    assert calibrate_replace_one(1.0, 1e-5, 20) == 2 * calibrate_constant_noise(1.0, 1e-5, 20)
+    with pytest.raises(ValueError, match="PLD"):
+        epsilon_of_gaussian_rounds([1.0], 1e-5, q=0.1, accountant="rdp", replace_one=True)
+    with pytest.raises(ValueError, match="epsilon > 0"):
+        calibrate_replace_one(0.0, 1e-5, 10, 0.1)
 
 
 @pytest.mark.parametrize("kw", [{"q": 0.0}, {"q": 1.5}, {"q": -0.1}, {"accountant": "PLD"},

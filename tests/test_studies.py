@@ -212,11 +212,13 @@ def test_tables_for_readers_have_no_raw_values():
     assert not RAW_OUTPUT.search(html.replace("<", " <")), RAW_OUTPUT.search(html)
 
 
-def _clip_run(clip: float, accs: list[float], clips: list[float], norms: list[float], seed: int = 0):
+def _clip_run(clip: float, accs: list[float], clips: list[float], norms: list[float], seed: int = 0,
+              **changes):
     from fedlib.results import Result
 
-    config = dpfl.config_for("smoke", 1.0, seed, dp_clip=clip)
-    history = [{"round": t + 1, "test_acc": a, "test_loss": 1.0, "clip": c, "update_norm_median": n}
+    config = dpfl.config_for("smoke", 1.0, seed, dp_clip=clip, **changes)
+    history = [{"round": t + 1, "test_acc": a, "test_loss": 1.0, "clip": c, "update_norm_median": n,
+                "noise_norm": 10 * c}
                for t, (a, c, n) in enumerate(zip(accs, clips, norms, strict=True))]
     return Result(config, history)
 
@@ -226,15 +228,26 @@ def test_the_adaptive_clipping_paragraph_follows_the_runs():
 
     fixed = {f"fixed C = {c:g}": [_clip_run(c, [0.5, a], [c, c], [1.0, 1.0])]
              for c, a in ((0.1, 0.7), (1.0, 0.5))}
-    falling = Runs({**fixed, "adaptive": [_clip_run(0.1, [0.3, 0.8, 0.4], [0.1, 1.0, 9.0], [0.5, 2.0, 8.0])]})
+    no_dp = {"no DP": [_clip_run(1e9, [0.5, 0.75], [1e9, 1e9], [1.0, 1.0])]}
+    best = _clip_run(0.1, [0.3, 0.72], [0.1, 0.2], [0.5, 0.5], adaptive_clip=True, clip_quantile=0.1,
+                     server_lr=0.4)
+    tuned = {"adaptive γ = 0.1, server lr 0.4": [best]}
+    default = _clip_run(0.1, [0.3, 0.8, 0.4], [0.1, 1.0, 9.0], [0.5, 2.0, 8.0], adaptive_clip=True)
+    falling = Runs({**fixed, **no_dp, "adaptive": [default], **tuned})
     text = dpfl_pages.adaptive_clip_story(falling)
-    assert "40.0 %" in text and "below every fixed clip of the sweep (2 of 2)" in text
+    # headroom: 15 % above the best fixed clip (70 %) is 80.5 %, above the 75 % without DP
+    assert ("ends at 70.0 %; 15 % more is 80.5 %, above the accuracy of the same federation without DP "
+            "(75.0 %)") in text
+    assert "end at 40.0 % accuracy, below every fixed clip of the sweep (2 of 2)" in text
     assert "$C = 9$" in text and "above the largest fixed clip" in text
     assert "peaked at 80.0 % in round 2" in text and "from 0.5" in text and "to 8" in text
-    steady = Runs({**fixed, "adaptive": [_clip_run(0.1, [0.3, 0.6], [0.1, 0.5], [0.5, 0.5])]})
+    assert "noise in the server's step from 1 to 90" in text
+    assert "(γ = 0.1, server learning rate 0.4) ends at 72.0 %, above every fixed clip: +2.0 points" in text
+    steady = Runs({**fixed, **no_dp, "adaptive": [_clip_run(0.1, [0.3, 0.6], [0.1, 0.5], [0.5, 0.5],
+                                                            adaptive_clip=True)]})
     text = dpfl_pages.adaptive_clip_story(steady)
     assert "below 1 of the 2 fixed clips" in text and "within the swept range" in text
-    assert "peaked" not in text
+    assert "peaked" not in text and "of the 1 (γ = 0.5, server learning rate 1)" in text
 
 
 def test_one_number_formatter_keeps_each_value():

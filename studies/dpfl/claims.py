@@ -11,6 +11,7 @@ import pandas as pd
 from studies import claims as c
 from studies.claims import Finding, Verdict
 from studies.dpfl.settings import ARTICLE
+from studies.numbers import number
 
 #: PSNR (dB) below which a reconstruction is no better than an unrelated image of the same
 #: data set (MNIST digits against each other score 10-12 dB); above 20 dB the digit is recognisable.
@@ -129,21 +130,41 @@ def claim2(acc: dict[str, np.ndarray], profile: str) -> list[Finding]:
     return [Finding(CLAIM2, ours, f.verdict, reason)]
 
 
-def claim3(table: pd.DataFrame, profile: str, diverged: int = 0, private: int | None = None) -> list[Finding]:
-    """``table``: one row per audited private run (epsilon, advantage, article bound, tight bound);
-    ``diverged`` of the ``private`` models were left out (their loss exploded: a destroyed model
-    says nothing about what training leaks). With none left the audit cannot speak: inconclusive."""
-    private = len(table) + diverged if private is None else private
-    left_out = f"; {diverged} of {private} private models diverged and were not audited" if diverged else ""
+#: A model is audited only when its test accuracy lies this many points above chance: a model that
+#: learned next to nothing (or diverged) says nothing about what training leaks.
+LEARNED_ABOVE_CHANCE = 20.0
+
+
+def learned(accuracy_pct: float, num_classes: int = 10) -> bool:
+    """Whether a model's test accuracy (%) is well above chance (:data:`LEARNED_ABOVE_CHANCE`)."""
+    return accuracy_pct >= 100 / num_classes + LEARNED_ABOVE_CHANCE
+
+
+def claim3(table: pd.DataFrame, profile: str, diverged: int = 0, private: int | None = None,
+           near_chance: int = 0) -> list[Finding]:
+    """``table``: one row per audited private run (epsilon, test accuracy, advantage and its interval,
+    article bound, tight bound); of the ``private`` models, ``diverged`` diverged (their loss
+    exploded) and ``near_chance`` ended below :func:`learned`: they were left out, since a model
+    that learned nothing says nothing about what training leaks. With none left the audit cannot
+    speak: inconclusive. Otherwise the measured advantages against the bounds
+    (:func:`studies.claims.bound`)."""
+    private = len(table) + diverged + near_chance if private is None else private
+    out = [f"{n} of {private} private models {why}" for n, why in
+           ((diverged, "diverged"), (near_chance, "ended near chance")) if n]
+    left_out = f"; {' and '.join(out)} and were not audited" if out else ""
     if table.empty:
         ours = f"no private model audited{left_out}"
         if profile == "smoke":
             return [c.not_evaluated(ARTICLE["claim3"], ours)]
         return [Finding(ARTICLE["claim3"], ours, Verdict.INCONCLUSIVE,
-                        "every private model of the audit diverged: there is no trained model whose leakage "
+                        "no private model of the audit learned: there is no trained model whose leakage "
                         "could be measured against the bound (the bound holds by the mathematics alone)")]
+    worst = table.loc[table["advantage"].idxmax()]
     ours = (
-        f"largest advantage {table['advantage'].max():.3f}; at most "
+        f"largest advantage {worst['advantage']:.3f} {worst['advantage 95% CI']} at replace-one "
+        f"ε = {number(worst['epsilon'])} (test accuracy {worst['test acc %']:.0f} %), bound "
+        f"{number(worst['article bound e^eps - 1'])}; models audited at {table['test acc %'].min():.0f}-"
+        f"{table['test acc %'].max():.0f} % accuracy; at most "
         f"{(table['advantage'] / table['tight bound']).max():.0%} of the tight bound{left_out}"
     )
     if profile == "smoke":

@@ -4,6 +4,7 @@ collects the configurations through :data:`PAGES`."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import tempfile
@@ -32,7 +33,17 @@ from fedlib.run import load_model, run
 from studies.common import ConfigSet, Needs, Runs, read_roots, run_all, seeds_for, write_root
 from studies.dpfl import claims
 from studies.dpfl.claims import CLAIM2
-from studies.dpfl.settings import ARTICLE, EPSILONS, MIA_EPSILONS, SCALES, SETTING, config_for, mia_config
+from studies.dpfl.settings import (
+    ARTICLE,
+    EPSILONS,
+    MIA_EPSILONS,
+    MIA_LEARNING_EPSILONS,
+    SCALES,
+    SETTING,
+    config_for,
+    mia_config,
+    mia_learning_config,
+)
 
 
 def _seeds(profile: str, n_seeds: int | None) -> list[int]:
@@ -268,28 +279,58 @@ def adaptive_clip_story(runs: Runs) -> str:
 
 # ---- Claim 3: membership inference against DP --------------------------------------------------
 def mia(profile: str, n_seeds: int | None = None) -> ConfigSet:
-    """The membership audit's federations: without DP, and at each replace-one budget."""
+    """The membership audit's memorising federation: without DP, and at each replace-one budget."""
     return {
         eps: [mia_config(profile, eps, s) for s in _seeds(profile, n_seeds)] for eps in (None, *MIA_EPSILONS)
     }
 
 
+def mia_learning(profile: str, n_seeds: int | None = None) -> ConfigSet:
+    """The membership audit's learning federation (many clients, sampled): without DP, and at each
+    replace-one budget."""
+    return {eps: [mia_learning_config(profile, eps, s) for s in _seeds(profile, n_seeds)]
+            for eps in (None, *MIA_LEARNING_EPSILONS)}
+
+
+#: The two federations of the membership audit, as the claim 3 page labels them.
+MEMORISING, LEARNING = "memorising", "learning"
+
+
+def claim3_runs(profile: str, n_seeds: int | None = None) -> ConfigSet:
+    """Every run of the claim 3 page, labelled (federation, epsilon)."""
+    return {**{(MEMORISING, k): v for k, v in mia(profile, n_seeds).items()},
+            **{(LEARNING, k): v for k, v in mia_learning(profile, n_seeds).items()}}
+
+
+@functools.lru_cache(maxsize=256)
+def _replace_one_pld(z: float, rounds: int, q: float, delta: float) -> float:
+    return epsilon_of_gaussian_rounds([z] * rounds, delta, q=q, accountant="pld", replace_one=True)
+
+
 def replace_one_epsilon(config: Config) -> float:
-    """Epsilon (at ``dp_delta``) of DP-FedAvg with every client in every round when one client's data
-    are replaced, which covers replacing any one record: the sum of clipped updates then moves by
-    up to ``2C``, so the noise ``z C`` acts as multiplier ``z / 2`` (RDP at integer orders)."""
-    if config.client_fraction < 1:
-        raise ValueError("replace_one_epsilon assumes full participation (client_fraction = 1)")
+    """Epsilon (at ``dp_delta``) of DP-FedAvg when one client's data are replaced, which covers
+    replacing any one record: the sum of clipped updates then moves by up to ``2C``. With every
+    client in every round the noise ``z C`` acts as multiplier ``z / 2`` (RDP at integer orders,
+    which covers fedlib's discrete noise); with Poisson sampling, by the PLD accountant's replace-one
+    pair, which is for continuous Gaussian noise (so the run must use it: ``secure_noise=False``)."""
     z = config.dp_noise_multiplier
-    return math.inf if z <= 0 else rdp_epsilon([z / 2] * config.rounds, config.dp_delta)
+    if z <= 0:
+        return math.inf
+    if config.client_fraction >= 1:
+        return rdp_epsilon([z / 2] * config.rounds, config.dp_delta)
+    if config.secure_noise:
+        raise ValueError("replace-one accounting of Poisson-sampled discrete Gaussian noise is not "
+                         "established here; audit a run with secure_noise=False (continuous Gaussian noise)")
+    return _replace_one_pld(z, config.rounds, config.client_fraction, config.dp_delta)
 
 
 @dataclass
 class AuditRow:
     epsilon: float
-    attack: AttackResult | None  # None: the model diverged and is not audited
+    attack: AttackResult | None  # None: the model diverged or stayed near chance, and is not audited
     accuracy: float
     diverged: bool = False
+    learned: bool = True  # test accuracy well above chance (:func:`studies.dpfl.claims.learned`)
 
 
 def audit_name(config: Config) -> str:
@@ -351,16 +392,25 @@ def membership_audit(config: Config) -> AuditRow:
     training images, non-members the same number of held-out test images."""
     result = run_all({0: [config]}).results[0][0]
     eps = replace_one_epsilon(config)
+    acc = 100 * result.final["test_acc"]
     if diverged(result.history):  # a destroyed model says nothing about what training leaks
-        return AuditRow(eps, None, 100 * result.final["test_acc"], diverged=True)
+        return AuditRow(eps, None, acc, diverged=True, learned=False)
+    if not claims.learned(acc):  # nor does one that learned nothing (ten classes: chance is 10 %)
+        return AuditRow(eps, None, acc, learned=False)
     members, nonmembers = audit_losses(config)
     return AuditRow(
         eps, loss_threshold_attack(members, nonmembers, seed=config.seed), 100 * result.final["test_acc"]
     )
 
 
+#: The columns of :func:`bounds_table` (also when no model was audited).
+BOUNDS_COLUMNS = ("epsilon", "test acc %", "AUC", "advantage", "advantage 95% CI", "TPR @ 1% FPR",
+                  "article bound e^eps - 1", "tight bound")
+
+
 def bounds_table(rows: list[AuditRow], delta: float) -> pd.DataFrame:
-    """One row per audited model (diverged ones are left out: count them with :func:`diverged_count`)."""
+    """One row per audited model (models that diverged or stayed near chance are left out: count them
+    with :func:`diverged_count` and :func:`near_chance_count`)."""
     out = []
     for r in rows:
         if r.attack is None:
@@ -380,13 +430,18 @@ def bounds_table(rows: list[AuditRow], delta: float) -> pd.DataFrame:
                 "tight bound": dp_advantage_bound(r.epsilon, delta) if math.isfinite(r.epsilon) else 1.0,
             }
         )
-    return pd.DataFrame(out)
+    return pd.DataFrame(out, columns=list(BOUNDS_COLUMNS))
 
 
 def diverged_count(rows: list[AuditRow]) -> tuple[int, int]:
     """(diverged, all) among the private models of the audit."""
     private = [r for r in rows if math.isfinite(r.epsilon)]
     return sum(r.diverged for r in private), len(private)
+
+
+def near_chance_count(rows: list[AuditRow]) -> int:
+    """Private models of the audit that did not diverge but learned too little to be audited."""
+    return sum(not r.learned and not r.diverged for r in rows if math.isfinite(r.epsilon))
 
 
 # ---- Claim 4: gradient inversion against clipping and noise -------------------------------------
@@ -504,7 +559,7 @@ PAGES = {
     "dpfl_setting": setting,
     "dpfl_claim1": epsilon_sweep,
     "dpfl_claim2": clip_sweep,
-    "dpfl_claim3": mia,
+    "dpfl_claim3": claim3_runs,
     "dpfl_teaching": teaching,
 }
 
