@@ -14,6 +14,9 @@ Measures, in one process and on one setting (dataset, model, clients, samples, b
   every client for one epoch, and aggregation) on each engine path, the median of several
   rounds after a warm-up; evaluation is timed separately (``eval_s``);
 * ``default_s``: the path the engine picks by itself on this device;
+* ``default_gflops``: that round's training FLOP (counted, :mod:`fedlib.flops`) over its time, and
+  ``default_percent_of_peak``, its share of ``matmul_peak_gflops``, the device's matrix-multiply
+  rate measured in the same run (:func:`matmul_peak_flops`);
 * ratios ``overhead_sequential = sequential_s / floor_s``,
   ``speedup_vectorized = sequential_s / vectorized_s``, ``default_vs_floor = default_s / floor_s``;
 * round times of MOON, SCAFFOLD and MOON-DPAP with every component and client-level DP on
@@ -255,6 +258,38 @@ def client_state_mb(config: Config, clients: int) -> float:
     return clients * sum(t.numel() * t.element_size() for t in leaves(one)) / 2**20
 
 
+def matmul_peak_flops(device: torch.device, seconds: float = 1.0) -> float:
+    """The device's measured matrix-multiply rate (FLOP/s): square float32 products (n = 2048 on a
+    CPU, on every thread torch uses; 8192 on a GPU, under the run's TF32 setting), repeated for about
+    ``seconds`` after a warm-up, the best of three passes: the peak an achieved rate is compared with."""
+    n = 2048 if device.type == "cpu" else 8192
+    a, b = (torch.randn(n, n, device=device) for _ in range(2))
+    torch.mm(a, b)
+    _sync(device)
+    best = 0.0
+    for _ in range(3):
+        reps, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds / 3:
+            torch.mm(a, b)
+            reps += 1
+            _sync(device)
+        best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t0))
+    return best
+
+
+def flop_rates(config: Config, device: torch.device, default_s: float) -> dict:
+    """The default path's achieved training rate on the benchmark's round (its FLOP, counted by
+    :func:`fedlib.flops.per_sample_flops`, over its measured time) against the device's own measured
+    matrix-multiply peak, in the same process."""
+    from fedlib.flops import per_sample_flops
+
+    per_sample = per_sample_flops(config)[0]
+    achieved = config.n_train * per_sample / default_s
+    peak = matmul_peak_flops(device)
+    return {"train_mflop_per_sample": per_sample / 1e6, "default_gflops": achieved / 1e9,
+            "matmul_peak_gflops": peak / 1e9, "default_percent_of_peak": 100 * achieved / peak}
+
+
 def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -287,6 +322,7 @@ def benchmark(config: Config, device: torch.device, rounds: int = 3,
     out["speedup_vectorized"] = out["sequential_s"] / out["vectorized_s"] if "vectorized_s" in out else None
     out["default_vs_floor"] = out["default_s"] / out["floor_s"]
     out["rounds_per_s"] = 1.0 / out["default_s"]
+    out.update(flop_rates(config, device, out["default_s"]))
     for name, changes in OTHER_ALGORITHMS.items():
         out[f"{name}_s"] = time_rounds(config.replace(**changes), device, default, rounds)[0]
     out["moon_dpap_dp_vs_fedavg"] = out["moon_dpap_dp_s"] / out["default_s"]

@@ -143,6 +143,27 @@ def bench_seconds_per_sample(kind: str) -> tuple[float | None, str]:
     return (None, "") if r is None else (r["default_s"] / r["samples"], name)
 
 
+def bench_flop_rate(kind: str) -> float | None:
+    """FLOP per second that the latest committed benchmark of ``kind`` measured for one FedAvg round
+    on its default path (its training FLOP, :func:`fedlib.flops.per_sample_flops`, over its time);
+    None without a benchmark. Older benchmark files lack the rate; it follows from their setting."""
+    from fedlib.flops import per_sample_flops
+
+    r, _ = latest_bench(kind)
+    if r is None:
+        return None
+    config = Config(dataset=r["dataset"], model=r["model"], batch_size=r["batch_size"], clients=r["clients"],
+                    train_samples=r["samples"])
+    return per_sample_flops(config)[0] * r["samples"] / r["default_s"]
+
+
+def flops_of(configs: list[Config]) -> float:
+    """The training FLOP of ``configs`` together (:func:`fedlib.flops.training_flops`)."""
+    from fedlib.flops import training_flops
+
+    return sum(training_flops(c) for c in configs)
+
+
 def record_dp_cost(kind: str) -> float:
     """Record-level DP-SGD's cost factor on ``kind``: what the latest committed benchmark of that kind
     measured (``record_dp_cost``), else :data:`RECORD_DP_COST` (measured on the 2-core CPU)."""
@@ -226,20 +247,23 @@ def claim_plan(profile: str, root: Path | None = None, kind: str | None = None,
     steps = order(todo, [(n, v[3]) for n, v in names.items()], _cost(per_sample, rc))
     for i, (settled, configs) in enumerate(steps):
         minutes = sum(estimate_s(c, per_sample, rc) for c in configs) / 60
+        pflop = flops_of(configs) / 1e15
         for j, name in enumerate(settled):
             paper, page, claim, cs = names[name]
             miss = [c for c in cs if result_status(c, root) != "present"]
             rows.append({"step": i + 1, "paper": paper, "page": page, "claim": claim,
                          "needed": len({c.key() for c in cs}), "missing": len({c.key() for c in miss}),
-                         "estimate_min": minutes if j == 0 else None})
+                         "estimate_min": minutes if j == 0 else None, "pflop": pflop if j == 0 else None})
             listed.add(name)
         if not settled:
             rows.append({"step": i + 1, "paper": "", "page": "(no claim: figures only)", "claim": "",
-                         "needed": len(configs), "missing": len(configs), "estimate_min": minutes})
+                         "needed": len(configs), "missing": len(configs), "estimate_min": minutes,
+                         "pflop": pflop})
     for name, (paper, page, claim, cs) in names.items():
         if name not in listed:
             rows.append({"step": 0, "paper": paper, "page": page, "claim": claim,
-                         "needed": len({c.key() for c in cs}), "missing": 0, "estimate_min": 0.0})
+                         "needed": len({c.key() for c in cs}), "missing": 0, "estimate_min": 0.0,
+                         "pflop": 0.0})
     return rows
 
 
@@ -594,13 +618,14 @@ def _print_plan(args) -> None:
     kind = args.device_kind or device_kind()
     claims = claim_plan(args.profile, kind=kind, pages=args.pages, n_seeds=args.seeds)
     open_ = [r for r in claims if r["step"] > 0]
-    print(f"\nclaims, in training order ({kind}; a step's estimate covers every claim it settles):")
-    print(f"{'step':>4}  {'page':<20} {'missing':>7}  {'min':>7}  claim")
+    print(f"\nclaims, in training order ({kind}; a step's estimate and FLOP cover every claim it settles):")
+    print(f"{'step':>4}  {'page':<20} {'missing':>7}  {'min':>7}  {'PFLOP':>7}  claim")
     for r in open_:
         est = "with the above" if r["estimate_min"] is None else (
             "-" if math.isnan(r["estimate_min"]) else f"{r['estimate_min']:.1f}")
+        pflop = "" if r["pflop"] is None else f"{r['pflop']:.3f}"
         claim = r["claim"] if len(r["claim"]) <= 70 else r["claim"][:67] + "..."
-        print(f"{r['step']:>4}  {r['page']:<20} {r['missing']:>7}  {est:>7}  {claim}")
+        print(f"{r['step']:>4}  {r['page']:<20} {r['missing']:>7}  {est:>7}  {pflop:>7}  {claim}")
     settled, total = sum(1 for r in claims if r["step"] == 0), sum(1 for r in claims if r["claim"])
     print(f"claims already settled by the results present: {settled} of {total}")
     if not args.pages and args.seeds is None:
@@ -611,10 +636,16 @@ def _print_plan(args) -> None:
         print(f"invalid (counted as missing; training sets it aside): {path.name}: {reason}")
     distinct = missing(per_page)
     print(f"missing configurations (distinct, all pages): {len(distinct)}")
+    rate = bench_flop_rate(kind)
     if not args.pages:
         for only, what in ((False, "the whole campaign"), (True, "what is missing")):
             minutes, n = total_minutes(per_page, kind, only_missing=only)
             print(f"estimate for {what} ({n} configurations, run by run, {kind}): {minutes:,.0f} min")
+            pflop = flops_of(distinct if only else list({c.key(): c for cs in per_page.values()
+                                                        for c in cs}.values())) / 1e15
+            at_rate = (f"; {pflop * 1e15 / rate / 60:,.0f} min at the benchmark's {rate / 1e9:,.1f} GFLOP/s "
+                       "(a FedAvg CNN round)" if rate else "")
+            print(f"FLOP for {what}: {pflop:,.1f} PFLOP{at_rate}")
 
 
 def yield_to_foreground(autogroup: Path = Path("/proc/self/autogroup")) -> int | None:

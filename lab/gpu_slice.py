@@ -4,24 +4,28 @@ The wrapper installs the carried wheels when the node lacks them (``make gpu-bun
 connected machine) and runs ``python -m lab.gpu_slice MINUTES OUTDIR``, which, within
 ``MINUTES`` from its start:
 
+0. refuses, in one line, on a machine without a GPU (``--allow-cpu``: run anyway, for the tests);
 1. unpacks the carried datasets (``.gpudata/``) into ``data/raw/`` and verifies them;
-2. runs the GPU tests (``--tests gpu``: ``pytest -m gpu``; ``all``: the suite that can run without
-   papermill, a browser or Flower; ``none``), their log kept;
-3. runs the benchmark (``lab.bench --save``; ``--no-bench`` skips it), whose JSON the
-   campaign then uses for its estimates;
-4. trains the campaign, claims first (:func:`lab.campaign.run`), with what is left of the
-   budget less a margin for packing; a run batch that would not end in time is not started, and
-   every finished batch is written at once;
+2. checks the device (``--tests check``, the default): the captured CUDA-graph step against the
+   float64 CPU reference, about a minute; ``gpu``: every GPU test; ``all``: the suite that can run
+   without papermill, a browser or Flower; ``none``; the log is kept;
+3. trains the campaign, claims first (:func:`lab.campaign.run`), in run batches of up to
+   ``--max-batch`` runs, until ``--margin-min`` (2.5) minutes before the budget ends; a run batch
+   that would not end in time is not started, a run still training at the deadline checkpoints and
+   stops (the next slice on the same machine resumes it), and every finished run is written at once;
+4. runs the benchmark only when asked (``--bench``: ``lab.bench --save``), after the training;
 5. packs every result (and audit) file the slice added, the benchmark JSON, a summary
    (``slice.json``) and the logs into at most 8 files of at most 16 MiB under ``OUTDIR`` (what the
    project's GPU machine returns per command).
 
-On the connected machine, ``python -m lab.campaign unpack OUTDIR/results-*.tgz`` checks
-and adds the results, and ``OUTDIR/<device>-<date>.json`` goes to ``data/bench/`` (a benchmark
-with speed options, ``--bench-args '--matmul-tf32'``, is named ``<device>-<date>-<options>.json``
-and goes to ``data/bench/options/``). A slice
-interrupted at any point loses nothing already written; rerun it to go on. The exit status is 0
-only if every step that ran succeeded (the results are packed whatever the tests said).
+The GPU machine runs one command for at most 10 minutes: a campaign is a series of such slices, each
+resuming where the last stopped. On the connected machine,
+``python -m lab.campaign unpack OUTDIR/results-*.tgz`` checks and adds the results, and
+``OUTDIR/<device>-<date>.json`` goes to ``data/bench/`` (a benchmark with speed options,
+``--bench-args '--matmul-tf32'``, is named ``<device>-<date>-<options>.json`` and goes to
+``data/bench/options/``). A slice interrupted at any point loses nothing already written; rerun it to
+go on. The exit status is 0 only if every step that ran succeeded (the results are packed whatever
+the tests said).
 """
 
 from __future__ import annotations
@@ -85,14 +89,32 @@ def _step(cmd: list[str], log: Path, timeout_s: float) -> dict:
     return {"command": shlex.join(cmd), "rc": rc, "seconds": round(time.time() - t0, 1)}
 
 
+#: The device check of ``--tests check``: the captured step against the float64 CPU reference, for
+#: six algorithm families (tests/test_cuda.py), about a minute on the H100.
+CHECK_TESTS = ["tests/test_cuda.py", "-k", "cuda_graphs_equal_cpu_sequential"]
+
+#: Minutes a slice keeps for packing by default: it trains until this long before its budget ends.
+MARGIN_MIN = 2.5
+
+
+def no_gpu_reason() -> str | None:
+    """Why this machine cannot run a GPU slice (None when it can)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return ("no GPU here (torch.cuda.is_available() is False): a slice trains on a GPU node; "
+            "--allow-cpu runs it on the CPU, for the tests")
+
+
 def slice_(minutes: float, out: Path, profile: str = "paper", pages: list[str] | None = None,
-           n_seeds: int | None = None, tests: str = "gpu", bench: bool = True, bench_args: str = "",
-           max_batch: int = 8, margin_min: float = 1.0, progress: bool = True,
+           n_seeds: int | None = None, tests: str = "check", bench: bool = False, bench_args: str = "",
+           max_batch: int = 8, margin_min: float = MARGIN_MIN, progress: bool = True,
            data_bundle: Path | None = None, test_workers: int | None = None,
-           cuda_graphs: bool = False) -> dict:
+           cuda_graphs: bool = True) -> dict:
     """The slice (see the module's docstring); returns its summary, also written to ``out/slice.json``.
-    ``cuda_graphs``: the campaign's runs replay their steps as CUDA graphs (:mod:`fedlib.graphs`;
-    each result records it in ``meta.kernels``)."""
+    ``cuda_graphs``: the campaign's runs replay their steps as CUDA graphs (:mod:`fedlib.graphs`, the
+    CUDA default; each result records it in ``meta.kernels``)."""
     from lab import campaign
     from lab.bench import bench_dir
     from lab.gpu_bundle import DATA_BUNDLE, unpack_data
@@ -120,25 +142,19 @@ def slice_(minutes: float, out: Path, profile: str = "paper", pages: list[str] |
     root = results_dir()
     before = result_files(root)
 
-    # 2. tests
+    # 2. tests: the device check by default
     py = sys.executable
-    if tests != "none":
+    if tests == "check":
+        args = [py, "-m", "pytest", *CHECK_TESTS, "-q", "-p", "no:cacheprovider", "-rs"]
+        summary["steps"]["tests"] = _step(args, logs / "tests.log", deadline - time.time())
+    elif tests != "none":
         # The modules that need papermill, a browser or Flower are left out in both modes: they import
         # what the node lacks at collection, which would stop even ``-m gpu``.
         args = [py, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-rs", *NODE_IGNORES]
         args += ["-m", "gpu" if tests == "gpu" else "not heavy", *xdist_args(test_workers)]
         summary["steps"]["tests"] = _step(args, logs / "tests.log", deadline - time.time())
 
-    # 3. benchmark
-    if bench:
-        before_bench = set(bench_dir().rglob("*.json"))
-        cmd = [py, "-m", "lab.bench", "--json", "--save", *shlex.split(bench_args)]
-        summary["steps"]["bench"] = _step(cmd, logs / "bench.log", deadline - time.time())
-        for f in sorted(set(bench_dir().rglob("*.json")) - before_bench):
-            (out / f.name).write_bytes(f.read_bytes())
-            summary["steps"]["bench"]["file"] = f.name
-
-    # 4. campaign, with what is left (less the margin for packing)
+    # 3. campaign, with what is left (less the margin for packing)
     budget = (deadline - time.time()) / 60 - margin_min
     if budget > 0:
         t0 = time.time()
@@ -152,6 +168,15 @@ def slice_(minutes: float, out: Path, profile: str = "paper", pages: list[str] |
         summary["steps"]["campaign"]["seconds"] = round(time.time() - t0, 1)
     else:
         summary["steps"]["campaign"] = {"rc": 0, "skipped": f"no budget left ({budget:.1f} min)"}
+
+    # 4. benchmark, when asked, after the training
+    if bench:
+        before_bench = set(bench_dir().rglob("*.json"))
+        cmd = [py, "-m", "lab.bench", "--json", "--save", *shlex.split(bench_args)]
+        summary["steps"]["bench"] = _step(cmd, logs / "bench.log", deadline - time.time())
+        for f in sorted(set(bench_dir().rglob("*.json")) - before_bench):
+            (out / f.name).write_bytes(f.read_bytes())
+            summary["steps"]["bench"]["file"] = f.name
 
     # 5. pack
     new = sorted(result_files(root) - before)
@@ -183,16 +208,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default="paper", choices=["smoke", "quick", "paper"])
     p.add_argument("--pages", nargs="+", metavar="PATTERN", help="only these pages (globs)")
     p.add_argument("--seeds", type=int, default=None)
-    p.add_argument("--tests", default="gpu", choices=["gpu", "all", "none"])
+    p.add_argument("--tests", default="check", choices=["check", "gpu", "all", "none"],
+                   help="check: the captured step against the CPU reference (about a minute, the default); "
+                        "gpu: every GPU test; all: the suite the node can run; none")
     p.add_argument("--test-workers", type=int, default=None,
                    help="pytest-xdist processes for the tests (0: one process; default: 8 where xdist and "
                         "16 cores are there, else 0)")
-    p.add_argument("--no-bench", dest="bench", action="store_false")
+    p.add_argument("--bench", action="store_true", help="run the benchmark after the training")
     p.add_argument("--bench-args", default="", help="extra options of lab.bench (quoted)")
     p.add_argument("--max-batch", type=int, default=8)
-    p.add_argument("--cuda-graphs", action="store_true",
-                   help="the campaign's runs replay their steps as CUDA graphs (fedlib.graphs)")
-    p.add_argument("--margin-min", type=float, default=1.0, help="minutes kept for packing")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="the campaign's runs replay their steps as CUDA graphs (fedlib.graphs; default on)")
+    p.add_argument("--margin-min", type=float, default=MARGIN_MIN,
+                   help=f"minutes kept for packing (default {MARGIN_MIN})")
+    p.add_argument("--allow-cpu", action="store_true", help="run on a machine without a GPU (for the tests)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--data-bundle", type=Path, default=None, help="gzipped datasets (default: .gpudata/)")
     args = p.parse_args(argv)
@@ -204,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--test-workers needs pytest-xdist, which is not installed here (0: one process)")
     if args.outdir.exists() and any(args.outdir.iterdir()):
         p.error(f"{args.outdir} is not empty")
+    if not args.allow_cpu and (reason := no_gpu_reason()):
+        print(f"error: {reason}", file=sys.stderr)
+        return 2
     from fedlib.config import ConfigError
 
     try:

@@ -16,7 +16,8 @@ from lab.campaign import bench_seconds_per_sample
 KEYS = {"device", "model", "clients", "samples", "floor_s", "sequential_s", "vectorized_s", "eval_s",
         "default_s", "overhead_sequential", "speedup_vectorized", "default_vs_floor", "rounds_per_s",
         "peak_mem_mb", "moon_s", "scaffold_s", "moon_dpap_dp_s", "default_bf16_s",
-        "moon_dpap_state_mb_1000", "run_batch_runs_per_s"}
+        "moon_dpap_state_mb_1000", "run_batch_runs_per_s", "default_gflops", "matmul_peak_gflops",
+        "default_percent_of_peak", "train_mflop_per_sample"}
 #: What the cores can give: measured on a CPU only.
 CPU_KEYS = {"floor_1thread_s", "plain_parallel_s", "plain_parallel_vs_floor"}
 
@@ -33,6 +34,30 @@ def test_bench_json_line_has_every_key(capsys):
         assert res["plain_parallel_vs_floor"] == res["plain_parallel_s"] / res["floor_s"]
     assert all(res[k] > 0 for k in keys if k.endswith("_s") and k != "run_batch_runs_per_s")
     assert set(res["run_batch_runs_per_s"]) == {"1", "2"} and min(res["run_batch_runs_per_s"].values()) > 0
+    gflops, peak = res["default_gflops"], res["matmul_peak_gflops"]
+    assert res["default_percent_of_peak"] == pytest.approx(100 * gflops / peak)
+    assert gflops == pytest.approx(400 * res["train_mflop_per_sample"] / 1e3 / res["default_s"])
+
+
+def test_flops_are_counted_from_the_step_and_scaled_by_the_plan():
+    """The CNN's step (batch 32) is 1.09 GFLOP forward and backward: the first convolution needs no
+    input gradient, so training costs a little under three forward passes; MOON adds two forward
+    passes (the global and the previous model); the plan scales it."""
+    from fedlib.flops import per_sample_flops, training_flops
+
+    cnn = Config(model="cnn", batch_size=32, clients=20, rounds=200, test_samples=0)
+    train, ev = per_sample_flops(cnn)
+    assert 32 * train / 1e9 == pytest.approx(1.09, abs=0.01)
+    assert 2.5 * ev < train < 3 * ev
+    moon, _ = per_sample_flops(cnn.replace(algorithm="moon"))
+    assert moon == pytest.approx(train + 2 * ev, rel=0.01)
+    total = training_flops(cnn)
+    assert total == pytest.approx(200 * (60_000 * train + 10_000 * ev))
+    assert training_flops(cnn.replace(client_fraction=0.5, local_epochs=2)) == pytest.approx(total)
+    # a linear layer by hand: 2 FLOP per multiply-add, forward; backward twice that (input and weight)
+    mlp_train, mlp_eval = per_sample_flops(Config(model="mlp", batch_size=10))
+    assert mlp_eval == 2 * (784 * 100 + 100 * 10)
+    assert mlp_train == 3 * mlp_eval - 2 * 784 * 100  # the first layer needs no input gradient
 
 
 def test_client_state_size_is_the_stacked_state_of_the_engine():

@@ -139,6 +139,11 @@ def test_claim_plan_lists_each_claim_with_its_step(pages, tmp_path):
     claim = next(r for r in rows if r["claim"] == "SCAFFOLD vs FedAvg")
     assert claim["step"] == 1 and claim["missing"] == 2
     assert rows[-1]["page"].startswith("(no claim")  # page_a's second seed decides nothing
+    # each step's FLOP is its configs' counted training FLOP, given once per step
+    steps = campaign.order(campaign.missing(campaign.needed("smoke"), tmp_path),
+                           [(f"{p}: {c}", cs) for _, p, c, cs in campaign.claims_for("smoke", None)],
+                           campaign._cost(None))
+    assert claim["pflop"] == pytest.approx(campaign.flops_of(steps[0][1]) / 1e15) and claim["pflop"] > 0
 
 
 def test_pages_are_selected_by_pattern_and_a_typo_is_an_error():
@@ -223,6 +228,7 @@ def test_the_short_command_plans_and_reports_the_distinct_missing(tmp_path):
     total = int(line.rsplit(":", 1)[1])
     assert total == len(campaign.missing(campaign.needed("smoke"), tmp_path)) > 0
     assert f"estimate for what is missing ({total} configurations" in out
+    assert "FLOP for what is missing: " in out and "PFLOP" in out
 
 
 def _archive(path, members: dict[str, bytes]):

@@ -36,22 +36,24 @@ def test_gpu_slice_runs_end_to_end_and_its_results_unpack(tmp_path, bundle):
     # is done, and a loaded machine (4 minutes failed beside a mutation run) still finishes in time
     cmd = ["bash", str(REPO_ROOT / "tools" / "gpu-slice.sh"), "8", str(out), "--profile", "smoke",
            "--pages", "moon_dpap_table2", "dpfl_claim3", "--margin-min", "0.2", "--no-progress",
-           "--bench-args",
+           "--allow-cpu", "--bench", "--bench-args",
            "--samples 400 --clients 4 --rounds 1 --batch-runs 1 --no-scale --paths sequential"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
     assert len(files) <= 8 and {"slice.json", "logs.tgz", "results-00.tgz"} <= set(files), files
     summary = json.loads((out / "slice.json").read_text())
+    assert list(summary["steps"]) == ["tests", "campaign", "bench"]  # the check, then training first
     assert summary["steps"]["tests"]["rc"] == 0 and summary["steps"]["bench"]["rc"] == 0
-    assert summary["steps"]["campaign"]["still missing"] == 0 and summary["results"] == 11  # 5 + 6
+    # moon_dpap_table2: 5 variants; dpfl_claim3: 6 memorising and 5 learning federations, 1 seed
+    assert summary["steps"]["campaign"]["still missing"] == 0 and summary["results"] == 16
     assert any(f.startswith("cpu-") and f.endswith(".json") for f in files)  # the benchmark
     with tarfile.open(out / "logs.tgz") as tar:
         assert {"tests.log", "bench.log"} <= set(tar.getnames())
     # the connected machine: checked, then added (results and their membership-audit losses)
     report = campaign.unpack(sorted(out.glob("results-*.tgz")), root=tmp_path / "home")
     audits = [n for n in report["added"] if n.startswith("audits/")]
-    assert len(report["added"]) == 11 + 6 and len(audits) == 6
+    assert len(report["added"]) == 16 + 11 and len(audits) == 11
     assert (tmp_path / "raw" / "MNIST" / "raw" / "train-images-idx3-ubyte").exists()
 
 
@@ -61,8 +63,25 @@ def test_the_slice_refuses_a_non_empty_outdir_and_unknown_pages(tmp_path):
     (tmp_path / "x").write_text("old")
     with pytest.raises(SystemExit):
         gpu_slice.main(["1", str(tmp_path)])
-    assert gpu_slice.main(["1", str(tmp_path / "new"), "--profile", "smoke", "--pages", "nope_*"]) == 2
+    assert gpu_slice.main(["1", str(tmp_path / "new"), "--profile", "smoke", "--pages", "nope_*",
+                           "--allow-cpu"]) == 2
     assert not (tmp_path / "new").exists()
+
+
+def test_the_slice_refuses_a_machine_without_a_gpu_in_one_line(tmp_path, monkeypatch, capsys):
+    import torch
+
+    from lab import gpu_slice
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_slice.main(["1", str(tmp_path / "new")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no GPU here" in err and "--allow-cpu" in err
+    assert not (tmp_path / "new").exists()
+    # on a GPU node the same call goes on to its work (here: stops at the unknown page, before any)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert gpu_slice.main(["1", str(tmp_path / "new"), "--profile", "smoke", "--pages", "nope_*"]) == 2
+    assert "no GPU" not in capsys.readouterr().err
 
 
 def test_test_workers_are_checked_before_any_work_and_passed_to_xdist(tmp_path, monkeypatch, capsys):
@@ -103,7 +122,7 @@ def test_what_the_node_leaves_out_exists():
         assert not test or f"def {test}(" in (REPO_ROOT / path).read_text(), arg
 
 
-def test_the_campaign_step_trains_with_cuda_graphs_when_asked(tmp_path, monkeypatch, restore_kernels):
+def test_the_campaign_step_trains_with_cuda_graphs_unless_told_not_to(tmp_path, monkeypatch, restore_kernels):
     from fedlib import data as data_mod
     from fedlib.kernels import kernel_settings
     from lab import gpu_slice
@@ -114,9 +133,10 @@ def test_the_campaign_step_trains_with_cuda_graphs_when_asked(tmp_path, monkeypa
                         or {"still missing": 0})
     monkeypatch.setenv("FEDLIB_RESULTS_DIR", str(tmp_path / "results"))
     (tmp_path / "results").mkdir()
-    for flag in ([], ["--cuda-graphs"]):
-        out = tmp_path / f"out{len(flag)}"
-        assert gpu_slice.main(["5", str(out), "--profile", "smoke", "--tests", "none", "--no-bench",
+    for i, flag in enumerate(([], ["--no-cuda-graphs"], ["--cuda-graphs"])):
+        out = tmp_path / f"out{i}"
+        assert gpu_slice.main(["5", str(out), "--profile", "smoke", "--tests", "none", "--allow-cpu",
                                "--no-progress", "--data-bundle", str(tmp_path / "none"), *flag]) == 0
-        assert json.loads((out / "slice.json").read_text())["cuda_graphs"] is bool(flag)
-    assert seen == [False, True]
+        assert json.loads((out / "slice.json").read_text())["cuda_graphs"] is (flag != ["--no-cuda-graphs"])
+        assert "bench" not in json.loads((out / "slice.json").read_text())["steps"]  # only when asked
+    assert seen == [True, False, True]

@@ -1,0 +1,69 @@
+"""Floating-point operations of a configuration's training, counted once per shape.
+
+A configuration's arithmetic is set by its shape (algorithm, model, batch size, DP mode, dropout,
+precision) and its plan (rounds, clients per round, samples per client, local epochs, evaluated test
+samples). :func:`per_sample_flops` counts, with PyTorch's own counter
+(``torch.utils.flop_counter.FlopCounterMode``: matrix multiplies and convolutions, forward and
+backward), one round of one client of the configuration's own algorithm on the sequential path (every
+local step, its loss, gradients and update) and one evaluation, and divides by the samples they
+processed; :func:`training_flops` scales that by the plan. Elementwise work (activations, the
+optimizer, clipping, noise) is not counted: it is a small part of the arithmetic of these models and
+adds memory traffic, not matrix throughput, which is what a FLOP rate is measured against (the
+device's matrix-multiply peak, :mod:`lab.bench`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from fedlib.config import Config
+
+
+def probe_config(config: Config) -> Config:
+    """The smallest run of ``config``'s shape: one client holding two minibatches, one round, one
+    local epoch, the test split cut to one batch. Settings calibrated to the federation's size keep
+    the original's value (adaptive clipping's count noise, ``qN / 20`` by default)."""
+    from fedlib.algorithms.dp_fedavg import count_std
+
+    b = config.batch_size
+    keep = {"clip_count_std": count_std(config)} if config.algorithm == "dp_fedavg" else {}
+    return config.replace(clients=1, train_samples=2 * b, test_samples=b, client_fraction=1.0,
+                          local_epochs=1, partition="iid", seed=0, profile="custom", **keep)
+
+
+@functools.lru_cache(maxsize=256)
+def _counted(probe: Config) -> tuple[float, float]:
+    from fedlib.engine import Executor
+    from fedlib.experiment import Experiment, evaluate
+
+    exp = Experiment(probe, torch.device("cpu"))
+    selected, work = exp.prepare(0)
+    samples = float(work.plan.weight.sum()) if selected else 0.0
+    executor = Executor("sequential", exp.algo, exp.data.x_train, exp.data.y_train)
+    with FlopCounterMode(display=False) as train:
+        if selected:
+            executor.run(work.plan, work.cstates, work.ctx)
+    with FlopCounterMode(display=False) as ev:
+        evaluate(exp.model, exp.gparams, exp.data.x_test, exp.data.y_test)
+    per_train = train.get_total_flops() / samples if samples else math.nan
+    return per_train, ev.get_total_flops() / len(exp.data.y_test)
+
+
+def per_sample_flops(config: Config) -> tuple[float, float]:
+    """FLOP per training sample of a local step (forward, backward and whatever else the algorithm's
+    step multiplies: MOON's extra forward passes, record-level DP-SGD's per-sample gradients) and
+    per evaluated test sample, for ``config``'s shape (counted once per shape, see the module)."""
+    return _counted(probe_config(config).validate())
+
+
+def training_flops(config: Config) -> float:
+    """FLOP of training ``config``: every round, the expected sampled share of the training data
+    times the local epochs, and one evaluation of the test split (``eval_every`` rounds apart)."""
+    train, ev = per_sample_flops(config)
+    per_round = config.n_train * config.client_fraction * config.local_epochs * train
+    evaluations = math.ceil(config.rounds / max(1, config.eval_every))
+    return config.rounds * per_round + evaluations * config.n_test * ev
