@@ -116,6 +116,9 @@ FILE_NAME = re.compile(r"^[\w./-]+\.(png|svg|jpe?g|gif)$", re.IGNORECASE)
 #: internal column names, a config's repr, a Python dict.
 RAW_OUTPUT = re.compile(r"(?<![\w.-])(-?inf|NaN|nan)(?![\w-])|acc_mean|acc_std|loss_mean|Config\(|"
                         r"\{'[a-z_]+': |<[\w.]+ object( at 0x[0-9a-f]+)?>|\('[\w .-]+', -?[\d.]+\)")
+#: A name from the code (snake_case: ``held_out_rmse``, ``ldp_fl``) in prose or a table, outside
+#: code: a reader should meet the thing's name (set as code where the code's name is meant).
+SNAKE_CASE = re.compile(r"(?<![\w./#:=-])[a-z][a-z0-9]*(?:_[a-z0-9]+)+(?![\w/(-]|\.\w)")
 #: A figure shown at less than this fraction of its pixel width draws text under 9 px (its smallest
 #: text is fedlib.plots.MIN_FONT_PT at fedlib.plots.DPI: 0.72).
 MIN_FIGURE_SCALE = MIN_SCALE
@@ -288,6 +291,11 @@ def check_page(chromium: str, page: Path, root: Path, shots: Path | None) -> Pag
     if raw_out:
         i = raw_out.start()
         report.problems.append(f"raw program output in the text: ...{text[max(0, i - 40):i + 40]!r}...")
+    snake = SNAKE_CASE.search(text)
+    if snake:
+        i = snake.start()
+        report.problems.append(f"a name from the code outside code: ...{text[max(0, i - 40):i + 40]!r}... "
+                               "(name the thing, or set the name as code)")
     if overflow:
         report.problems.append(f"content wider than the page: {overflow}")
     if 'id="privacy-explorer"' in page.read_text(errors="replace"):

@@ -681,8 +681,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--max-batch", type=int, default=8, help="runs trained together at most")
     r.add_argument("--steps", type=int, default=None,
                    help="only the first N steps of the claims-first order (plan lists them)")
-    r.add_argument("--cuda-graphs", action="store_true",
-                   help="on a GPU, replay the vectorized step as a CUDA graph (fedlib.graphs)")
+    r.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="on a GPU, replay the vectorized step as a CUDA graph (fedlib.graphs; default on)")
     pk = sub.add_parser("pack", help="archive the result files git does not track yet")
     pk.add_argument("--out", type=Path, required=True)
     up = sub.add_parser("unpack", help="check and add result archives to data/results")

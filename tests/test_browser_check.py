@@ -20,6 +20,7 @@ HIDDEN = """<html><head><style>img { max-width: 100%; }</style></head>
 <table style="width: 3000px"><tr><td>wide</td></tr></table></div>
 <table><tr><th></th><th>a</th></tr><tr><td>0</td><td>x</td></tr><tr><td>1</td><td>y</td></tr></table>
 <p>&lt;IPython.core.display.Markdown object&gt; and ('client', 3.0)</p>
+<p>the held_out_rmse of each model; <code>set_as_code</code> is fine</p>
 <figure><img src="wide.svg" alt="twice the column's width"><figcaption>Shrunk.</figcaption></figure>
 <figure><img src="fits.svg" alt="a little wider than the column"><figcaption>Fine.</figcaption></figure>
 </article></body></html>"""
@@ -56,6 +57,8 @@ def test_browser_check_passes_a_good_page_and_flags_a_bad_one(tmp_path):
     assert "table 1 is" in hidden and "scrolls out of view" in hidden
     assert "table 2 shows pandas' row numbers" in hidden
     assert "raw program output" in hidden
+    assert "a name from the code outside code: ...'the held_out_rmse" in hidden
+    assert "set_as_code" not in hidden
     assert "figure wide.svg shown at 43 % of its width: its smallest text renders under 9 px" in hidden
     assert "fits.svg" not in hidden
     problems = " ".join(reports["bad.html"].problems)

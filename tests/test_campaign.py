@@ -365,9 +365,9 @@ def test_campaign_run_takes_cuda_graphs(monkeypatch, capsys, restore_kernels):
 
     seen = []
     monkeypatch.setattr(campaign, "run", lambda *a, **k: seen.append(kernel_settings()["cuda_graphs"]) or {})
-    assert campaign.main(["run", "--profile", "smoke", "--budget-min", "1"]) == 0
-    assert campaign.main(["run", "--profile", "smoke", "--budget-min", "1", "--cuda-graphs"]) == 0
-    assert seen == [False, True]
+    for flag in ([], ["--no-cuda-graphs"], ["--cuda-graphs"]):  # on by default, as on CUDA everywhere
+        assert campaign.main(["run", "--profile", "smoke", "--budget-min", "1", *flag]) == 0
+    assert seen == [True, False, True]
 
 
 def test_record_dp_cost_is_the_devices_own_where_a_benchmark_measured_it(tmp_path, monkeypatch):
