@@ -149,9 +149,8 @@ def claim3(table: pd.DataFrame, profile: str, diverged: int = 0, private: int | 
     speak: inconclusive. Otherwise the measured advantages against the bounds
     (:func:`studies.claims.bound`)."""
     private = len(table) + diverged + near_chance if private is None else private
-    out = [f"{n} of {private} private models {why}" for n, why in
-           ((diverged, "diverged"), (near_chance, "ended near chance")) if n]
-    left_out = f"; {' and '.join(out)} and were not audited" if out else ""
+    out = [f"{n} {why}" for n, why in ((diverged, "diverged"), (near_chance, "ended near chance")) if n]
+    left_out = f"; of {private} private models, {' and '.join(out)}: not audited" if out else ""
     if table.empty:
         ours = f"no private model audited{left_out}"
         if profile == "smoke":
