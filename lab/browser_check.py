@@ -39,6 +39,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from fedlib.plots import MIN_SCALE, MIN_TEXT_PX
+from studies.numbers import CODE_NAME
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 REFRESH = re.compile(r'http-equiv="refresh"[^>]*content="\d+;\s*url=([^"]+)"', re.IGNORECASE)
@@ -118,7 +119,7 @@ RAW_OUTPUT = re.compile(r"(?<![\w.-])(-?inf|NaN|nan)(?![\w-])|acc_mean|acc_std|l
                         r"\{'[a-z_]+': |<[\w.]+ object( at 0x[0-9a-f]+)?>|\('[\w .-]+', -?[\d.]+\)")
 #: A name from the code (snake_case: ``held_out_rmse``, ``ldp_fl``) in prose or a table, outside
 #: code: a reader should meet the thing's name (set as code where the code's name is meant).
-SNAKE_CASE = re.compile(r"(?<![\w./#:=-])[a-z][a-z0-9]*(?:_[a-z0-9]+)+(?![\w/(-]|\.\w)")
+SNAKE_CASE = CODE_NAME
 #: A figure shown at less than this fraction of its pixel width draws text under 9 px (its smallest
 #: text is fedlib.plots.MIN_FONT_PT at fedlib.plots.DPI: 0.72).
 MIN_FIGURE_SCALE = MIN_SCALE

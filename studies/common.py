@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -296,17 +296,27 @@ def readable(df: pd.DataFrame, sig: int = 3, headers: Mapping[str, str] | None =
                          for c in out.columns})
 
 
-def table_for_reader(df: pd.DataFrame, sig: int = 3, headers: Mapping[str, str] | None = None):
-    """:func:`readable` as a styled table without the row numbers (what a page shows); a cell that
-    is a name from the code (a config key, a notebook) is set as code."""
+def table_for_reader(df: pd.DataFrame, sig: int = 3, headers: Mapping[str, str] | None = None,
+                     code: Sequence[str] = ()):
+    """:func:`readable` as a styled table without the row numbers (what a page shows); a name from
+    the code (a config key, a notebook), a whole cell or within its text, is set as code, and so is
+    every cell of the columns named in ``code`` (their values verbatim: parameter names, whose Greek
+    letters are not maths)."""
     from html import escape
 
-    from studies.numbers import IDENTIFIER
+    from studies.numbers import IDENTIFIER, code_names
 
     def cell(v) -> str:
-        return f"<code>{escape(v)}</code>" if isinstance(v, str) and IDENTIFIER.match(v) else v
+        if not isinstance(v, str):
+            return v
+        return f"<code>{escape(v)}</code>" if IDENTIFIER.match(v) else code_names(v)
 
-    return readable(df, sig, headers).style.hide(axis="index").format(cell)
+    shown = readable(df, sig, headers)
+    raw = df.reset_index(drop=isinstance(df.index, pd.RangeIndex) and df.index.name is None)
+    for column in code:
+        shown[shown.columns[list(raw.columns).index(column)]] = [f"<code>{escape(str(v))}</code>"
+                                                                   for v in raw[column]]
+    return shown.style.hide(axis="index").format(lambda v: v if str(v).startswith("<code>") else cell(v))
 
 
 def untrained_accuracy(config: Config) -> float:

@@ -108,6 +108,21 @@ _SYMBOL = re.compile(r"(?<![\w\\$])(" + "|".join(sorted(GREEK, key=len, reverse=
                      r"|[a-zA-Z])_([A-Za-z0-9]+)(?![\w(])")
 #: A name written as code (a config key, a notebook's name): lowercase words joined by underscores.
 IDENTIFIER = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
+#: A name from the code (snake_case) inside text: not part of a path, a URL, an anchor, an assignment
+#: or a call (the browser check flags one a reader sees outside code).
+CODE_NAME = re.compile(r"(?<![\w./#:=-])[a-z][a-z0-9]*(?:_[a-z0-9]+)+(?![\w/(-]|\.\w)")
+
+
+def code_names(text: str, markdown: bool = False) -> str:
+    """``text`` with its maths names as symbols (:func:`symbols`) and the names from the code that
+    remain set as code (``<code>`` in HTML, backticks in Markdown); maths between dollars and what
+    is already in backticks are left alone."""
+    def wrap(m: re.Match) -> str:
+        return f"`{m.group(0)}`" if markdown else f"<code>{m.group(0)}</code>"
+
+    parts = re.split(r"(\$[^$]*\$|`[^`]*`|<code>.*?</code>)", symbols(text))
+    return "".join(part if part[:1] in ("$", "`") or part.startswith("<code>") else CODE_NAME.sub(wrap, part)
+                   for part in parts)
 
 
 def symbols(text: str) -> str:

@@ -57,7 +57,7 @@ def test_browser_check_passes_a_good_page_and_flags_a_bad_one(tmp_path):
     assert "table 1 is" in hidden and "scrolls out of view" in hidden
     assert "table 2 shows pandas' row numbers" in hidden
     assert "raw program output" in hidden
-    assert "a name from the code outside code: ...'the held_out_rmse" in hidden
+    assert "a name from the code outside code: " in hidden and "held_out_rmse of" in hidden
     assert "set_as_code" not in hidden
     assert "figure wide.svg shown at 43 % of its width: its smallest text renders under 9 px" in hidden
     assert "fits.svg" not in hidden

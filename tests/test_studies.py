@@ -349,3 +349,17 @@ def test_the_frontier_pages_comparison_of_the_readings_follows_the_table():
     assert "not ahead at any budget" in mp.readings_compared(table([5.0, 6.0, 7.0]))
     assert mp.run_label(("client", 3.0)) == "client-level, epsilon 3"
     assert mp.run_label(("client", 100.0, 0.5)) == "client-level, epsilon 100, C 0.5"
+
+
+def test_names_from_the_code_are_set_as_code_and_maths_names_as_symbols():
+    from studies.common import table_for_reader
+    from studies.numbers import code_names
+
+    assert code_names("cnn, mcmahan_cnn or mlp") == "cnn, <code>mcmahan_cnn</code> or mlp"
+    assert code_names("FDL: as_published", markdown=True) == "FDL: `as_published`"
+    assert code_names("DP at epsilon_0 = 1, tau_max -> tau_min") == "DP at ε₀ = 1, τₘₐₓ -> τₘᵢₙ"
+    untouched = "$w_{local}$, `a_b`, data/x_y.json, f_g(x)"  # maths, code, a path, a call
+    assert code_names(untouched) == untouched
+    html = table_for_reader(pd.DataFrame({"name": ["delta_round"], "note": ["lr_min of the run"]}),
+                            code=("name",)).to_html()
+    assert "<code>delta_round</code>" in html and "<code>lr_min</code> of the run" in html

@@ -74,7 +74,7 @@ PAPER = {
 CHOICES = [
     (
         "update vs weights",
-        "the update w_local - w_global",
+        "the update: local weights minus the global weights",
         "Alg. 1 says 'parameters'; its motivation (most values near 0) is about updates",
     ),
     (
