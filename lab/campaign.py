@@ -351,6 +351,22 @@ def trained_sentence(rows: list[dict]) -> str:
     return f"{total[0]:,} of {total[1]:,} configurations trained: " + "; ".join(parts)
 
 
+def settled_claims(profile: str = "paper", root: Path | None = None) -> list[dict]:
+    """Every claim whose runs are all trained at ``profile``: its paper and page, how many runs decide
+    it, on which devices, and the hours of training those runs record (``meta.duration_s``, resumed
+    runs included; runs shared with other claims count for each); what the rerun page shows."""
+    rows = []
+    for paper, page, needs, configs in claims_for(profile, None):
+        distinct = list({c.key(): c for c in configs}.values())
+        if any(result_status(c, root) != "present" for c in distinct):
+            continue
+        metas = [Result.load(result_path(c, root), expect=c).meta for c in distinct]
+        devices = sorted({"GPU" if str(m.get("device", "")).startswith("cuda") else "CPU" for m in metas})
+        rows.append({"paper": paper, "page": page, "claim": needs, "runs": len(distinct),
+                     "devices": devices, "hours": sum(float(m.get("duration_s", 0.0)) for m in metas) / 3600})
+    return rows
+
+
 # ---- training in slices -----------------------------------------------------------------------------
 def groups(configs: list[Config], per_sample: float | None,
            record_cost: float = RECORD_DP_COST) -> list[list[Config]]:

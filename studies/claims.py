@@ -81,15 +81,28 @@ class Finding:
     verdict: Verdict
     reason: str = ""
     scope: str = ""
+    #: The profile and seeds this claim was graded at when they are not its page's: a claim whose
+    #: runs are complete at the papers' scale while its page still renders at a smaller profile
+    #: (:func:`studies.common.settled_beyond`). Empty: the page's.
+    profile: str = ""
+    seeds: int | None = None
 
     def row(self) -> dict[str, str]:
         d = asdict(self)
         d["verdict"] = self.verdict.value
+        if not self.profile:  # the page's profile: nothing to record per finding
+            del d["profile"], d["seeds"]
         return d
 
 
 #: Scopes of rows that are not evidence about the paper (see :class:`Finding`).
 IMPLEMENTATION = "measures this implementation, not the paper"
+
+
+def graded_at(finding: Finding, profile: str, seeds: int) -> Finding:
+    """``finding`` marked as graded at ``profile`` with ``seeds`` seeds (a larger profile than its
+    page's, :attr:`Finding.profile`)."""
+    return replace(finding, profile=profile, seeds=seeds)
 
 
 def about(finding: Finding, scope: str) -> Finding:

@@ -89,9 +89,21 @@ def show(findings: list[Finding]):
     from IPython.display import Markdown
 
     rows = [
-        {"claim": f.claim, "ours": f.ours, "verdict": badge(f.verdict), "why": f.reason} for f in findings
+        {"claim": f.claim, "ours": (f"**at {f.profile}, {f.seeds} seeds:** " if f.profile else "") + f.ours,
+         "verdict": badge(f.verdict), "why": f.reason} for f in findings
     ]
     return Markdown(markdown_table(rows, ["claim", "ours", "verdict", "why"]))
+
+
+def upgrade(findings: list[Finding], larger: list[Finding]) -> list[Finding]:
+    """``findings`` with each claim that ``larger`` grades (at a larger profile, its runs complete
+    there) replaced by that grading, in place: a claim settled at the papers' scale is never shown
+    or counted as settled at a smaller one."""
+    by_claim = {f.claim: f for f in larger}
+    unknown = set(by_claim) - {f.claim for f in findings}
+    if unknown:
+        raise ValueError(f"graded at a larger profile but not a claim of this page: {sorted(unknown)}")
+    return [by_claim.get(f.claim, f) for f in findings]
 
 
 def collect(root: Path | None = None) -> pd.DataFrame:
@@ -105,8 +117,9 @@ def collect(root: Path | None = None) -> pd.DataFrame:
                     "paper": d["paper"],
                     "page": d["page"],
                     **f,
-                    "profile": d["profile"],
-                    "seeds": d.get("seeds"),
+                    # a finding graded at a larger profile than its page's says so (Finding.profile)
+                    "profile": f.get("profile") or d["profile"],
+                    "seeds": f.get("seeds") or d.get("seeds"),
                     "commit": d["commit"][:7],
                 }
             )

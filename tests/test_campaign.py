@@ -418,3 +418,16 @@ def test_a_niced_campaign_makes_its_session_yield(tmp_path, monkeypatch):
     monkeypatch.setattr(campaign.os, "nice", lambda inc: 0)
     assert campaign.yield_to_foreground(group) is None  # not niced: nothing to do
     assert campaign.yield_to_foreground(tmp_path / "absent") is None
+
+
+def test_settled_claims_name_their_runs_devices_and_hours(pages, tmp_path):
+    """The rerun page's table of claims settled at a profile: only claims whose every run is trained,
+    with the devices and the hours their results record (issue 39)."""
+    from fedlib.run import run
+
+    assert campaign.settled_claims("smoke", root=tmp_path) == []
+    results = [run(c, root=tmp_path, progress=False, device="cpu") for c in PAGES["page_b"]]
+    [row] = campaign.settled_claims("smoke", root=tmp_path)
+    assert (row["page"], row["claim"], row["runs"]) == ("page_b", "SCAFFOLD vs FedAvg", 2)
+    assert row["devices"] == ["CPU"]
+    assert row["hours"] == pytest.approx(sum(r.meta["duration_s"] for r in results) / 3600)

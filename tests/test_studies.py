@@ -363,3 +363,40 @@ def test_names_from_the_code_are_set_as_code_and_maths_names_as_symbols():
     html = table_for_reader(pd.DataFrame({"name": ["delta_round"], "note": ["lr_min of the run"]}),
                             code=("name",)).to_html()
     assert "<code>delta_round</code>" in html and "<code>lr_min</code> of the run" in html
+
+
+def test_a_claim_complete_at_paper_is_graded_there_while_its_page_renders_smaller(tmp_path, monkeypatch):
+    """Issue 39: the campaign trains claims first, so a claim's runs can be complete at paper long before
+    its page's; the page then grades that claim on them (marked with the profile and seeds) and the
+    ledger counts it at paper, never at quick."""
+    from fedlib.results import Result, result_path
+    from studies import ledger
+    from studies.claims import Finding, Verdict
+    from studies.common import larger_profile_rows, settled_beyond
+    from studies.fdl import claims as fdl_claims
+    from studies.fdl import pages as fdl_pages
+
+    monkeypatch.setenv("FEDLIB_RESULTS_DIR", str(tmp_path / "results"))
+    assert settled_beyond("fdl_table1", "quick")[1] == []  # nothing committed here yet
+    for c in fdl_pages.table1("paper")[0.010]:  # the three paper seeds of r = 0.010, as if trained
+        history = [{"round": t + 1, "test_acc": 0.93 + 0.001 * c.seed, "test_loss": 0.2, "kept_frac": 0.3,
+                    "sent_frac": 0.24, "bytes_up": 1000} for t in range(c.rounds)]
+        result = Result(c, history, meta={"device": "cpu", "config_key": c.key()})
+        result.save(result_path(c, tmp_path / "results"))
+    runs, settled = settled_beyond("fdl_table1", "quick")
+    assert list(runs.results) == [0.010] and settled == [fdl_claims.ACCURACY, fdl_pages.saving_claim(0.010)]
+    assert settled_beyond("fdl_table1", "paper")[1] == []  # at paper the page's own findings stand
+    rows = larger_profile_rows(runs, "r")
+    assert rows.iloc[0]["profile"] == "paper" and rows.iloc[0]["seeds"] == 3
+    assert abs(rows.iloc[0]["final accuracy (%)"] - 93.1) < 1e-9
+    graded = fdl_claims.table1_settled(runs, settled)
+    assert [f.profile for f in graded] == ["paper", "paper"] and graded[0].seeds == 3
+    quick = [Finding(fdl_claims.ACCURACY, "60 %", Verdict.INCONCLUSIVE),
+             Finding("other", "x", Verdict.PARTLY)]
+    merged = ledger.upgrade(quick, graded[:1])
+    assert merged[0] is graded[0] and merged[1] is quick[1]
+    with pytest.raises(ValueError, match="not a claim of this page"):
+        ledger.upgrade(quick[1:], graded[:1])
+    ledger.record("fdl_table1", merged, "quick", "FDL", seeds=3, root=tmp_path / "verdicts")
+    table = ledger.collect(tmp_path / "verdicts")
+    assert list(table["profile"]) == ["paper", "quick"] and list(table["seeds"]) == [3, 3]

@@ -18,6 +18,14 @@ CHANCE = 10.0
 ACC_TOLERANCE = 2.0
 
 
+#: Table 1's claims about its runs (the sanity checks aside).
+PEAK = r"accuracy peaks at $r$ = 0.010"
+ACCURACY = r"94.83 % accuracy at $r$ = 0.010"
+#: Fig. 4's claims.
+CONVERGES = "IID: FDL converges within 50 rounds (last 5 rounds change less than 1 point)"
+SENSITIVE = "non-IID is more sensitive to the number of rounds than IID"
+
+
 def table1(runs: Runs, profile: str, kept: list[float], sent: list[float]) -> list[Finding]:
     acc = {r: runs.by_seed(r) for r in R_VALUES}
     ratio = float(np.mean(np.asarray(sent) / np.asarray(kept)))
@@ -32,12 +40,25 @@ def table1(runs: Runs, profile: str, kept: list[float], sent: list[float]) -> li
             f"$C_s / C_r$ = {ratio:.3f}",
             "th = 0.8 of the kept dimensions is the paper's default, which we set: true by construction",
         ),
-        c.peak(r"accuracy peaks at $r$ = 0.010", 0.010, acc, profile),
-        c.number(
-            r"94.83 % accuracy at $r$ = 0.010", PAPER["table1"][0.010][2], acc[0.010], profile, ACC_TOLERANCE
-        ),
+        c.peak(PEAK, 0.010, acc, profile),
+        c.number(ACCURACY, PAPER["table1"][0.010][2], acc[0.010], profile, ACC_TOLERANCE),
         *[savings_at(runs, r, profile) for r in R_VALUES],
     ]
+
+
+def table1_settled(runs: Runs, settled: list[str], profile: str = "paper") -> list[Finding]:
+    """Table 1's claims in ``settled``, graded on ``runs`` at ``profile`` (the labels those claims need,
+    :func:`studies.common.settled_beyond`), each marked with that profile and its seeds."""
+    out = []
+    for claim in settled:
+        if claim == PEAK:
+            f = c.peak(PEAK, 0.010, {r: runs.by_seed(r) for r in R_VALUES}, profile)
+        elif claim == ACCURACY:
+            f = c.number(ACCURACY, PAPER["table1"][0.010][2], runs.by_seed(0.010), profile, ACC_TOLERANCE)
+        else:
+            f = savings_at(runs, next(r for r in R_VALUES if saving_claim(r) == claim), profile)
+        out.append(c.graded_at(f, profile, min(len(rs) for rs in runs.results.values())))
+    return out
 
 
 def savings_at(runs: Runs, r: float, profile: str) -> Finding:
@@ -102,26 +123,42 @@ def fig3(runs: Runs, profile: str, untrained_pct: float, snr: float) -> list[Fin
 def fig4(runs: Runs, profile: str, epsilon: float, changes: dict) -> list[Finding]:
     """``changes[(partition)]``: per seed, the change of FDL's accuracy over the last 5 rounds."""
     rounds = next(iter(runs.results.values()))[0].config.rounds
-    claim = "IID: FDL converges within 50 rounds (last 5 rounds change less than 1 point)"
+    return [converges(changes["iid"], rounds, profile), sensitive(changes, profile)]
+
+
+def converges(change_iid, rounds: int, profile: str) -> Finding:
+    """Fig. 4 (IID): the last 5 rounds change FDL's accuracy by less than a point, within 50 rounds."""
     if profile == "smoke":
-        first = c.not_evaluated(claim)
-    elif rounds < 50:
-        first = c.Finding(
-            claim,
-            f"{rounds} rounds",
-            c.Verdict.INCONCLUSIVE,
-            f"the {profile} profile runs {rounds} rounds, fewer than the 50 the claim is about",
-        )
-    else:
-        first = c.in_range(claim, -1.0, 1.0, changes["iid"], profile, " pts")
-    sensitive = c.ordering(
-        "non-IID is more sensitive to the number of rounds than IID",
-        np.abs(changes["noniid"]),
-        np.abs(changes["iid"]),
-        profile,
-        "|change non-IID| - |change IID| over the last 5 rounds",
-    )
-    return [first, sensitive]
+        return c.not_evaluated(CONVERGES)
+    if rounds < 50:
+        return c.Finding(CONVERGES, f"{rounds} rounds", c.Verdict.INCONCLUSIVE,
+                         f"the {profile} profile runs {rounds} rounds, fewer than the 50 the claim is about")
+    return c.in_range(CONVERGES, -1.0, 1.0, change_iid, profile, " pts")
+
+
+def sensitive(changes: dict, profile: str) -> Finding:
+    """Fig. 4: non-IID's accuracy still moves more over the last rounds than IID's."""
+    return c.ordering(SENSITIVE, np.abs(changes["noniid"]), np.abs(changes["iid"]), profile,
+                      "|change non-IID| - |change IID| over the last 5 rounds")
+
+
+def fig4_settled(runs: Runs, settled: list[str], epsilon: float, profile: str = "paper") -> list[Finding]:
+    """Fig. 4's claims in ``settled``, graded on ``runs`` at ``profile`` (FDL's runs those claims need,
+    :func:`studies.common.settled_beyond`), each marked with that profile and its seeds."""
+    changes = {part: last_change(runs.results[("fdl", part, epsilon)])
+               for part in ("iid", "noniid") if ("fdl", part, epsilon) in runs.results}
+    rounds = next(iter(runs.results.values()))[0].config.rounds
+    seeds = min(len(rs) for rs in runs.results.values())
+    grade = {CONVERGES: lambda: converges(changes["iid"], rounds, profile),
+             SENSITIVE: lambda: sensitive(changes, profile)}
+    return [c.graded_at(grade[claim](), profile, seeds) for claim in settled]
+
+
+def last_change(results, k: int = 5) -> np.ndarray:
+    """Per seed, the change of the test accuracy (points) over the last ``k`` rounds: the last round's
+    against the ``k``-th last (NaN for a run with fewer rounds)."""
+    return np.array([100 * (r.history[-1]["test_acc"] - r.history[-k]["test_acc"]) if len(r.history) >= k
+                     else np.nan for r in results])
 
 
 def privacy() -> list[Finding]:
