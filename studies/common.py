@@ -241,62 +241,6 @@ def run_all(configs: ConfigSet, progress: bool = False, engine: str = "auto") ->
     )
 
 
-def settled_beyond(page: str, profile: str, larger: str = "paper", **params) -> tuple[Runs, list[str]]:
-    """While ``page`` renders at ``profile``: the claims of the page whose runs are all committed at
-    the ``larger`` profile (its default seeds; nothing is trained), and their runs at that profile
-    (only the labels those claims need). A page already at ``larger`` gets nothing: its own findings
-    stand there. The campaign trains claims first, so a claim can be settled at the papers' scale
-    long before its page is. ``params``: the page's own parameters (its configs depend on them)."""
-    from studies import claim_needs, pages
-
-    if PROFILES.index(profile) >= PROFILES.index(larger) or page not in claim_needs():
-        return Runs({}), []
-    configs = pages()[page](larger, None, **params)
-    roots = [*read_roots(), write_root()]
-    found = {label: [load_cached(c, roots) for c in cs] for label, cs in configs.items()}
-    settled = [n for n in claim_needs()[page](configs)
-               if all(r is not None for label in n.labels for r in found[label])]
-    labels = dict.fromkeys(label for n in settled for label in n.labels)
-    return Runs({label: found[label] for label in labels}), [n.claim for n in settled]
-
-
-def larger_profile_rows(runs: Runs, label_name: str = "runs") -> pd.DataFrame:
-    """One row per label of runs graded at a larger profile than their page's: what ran (model,
-    rounds, seeds, device) and the final test accuracy (mean and standard deviation over the seeds),
-    each row labelled with its profile, for a page to show beside its own figure."""
-    rows = []
-    for label, rs in runs.results.items():
-        c = rs[0].config
-        acc = np.array([100 * r.final["test_acc"] for r in rs])
-        devices = sorted({str(r.meta.get("device", "?")).split(" ")[0] for r in rs})
-        name = ", ".join(map(str, label)) if isinstance(label, tuple) else str(label)
-        rows.append({label_name: name, "profile": c.profile,
-                     "model": c.model, "rounds": c.rounds, "seeds": len(rs),
-                     "final accuracy (%)": float(acc.mean()),
-                     "std": float(acc.std(ddof=1)) if len(acc) > 1 else float("nan"),
-                     "device": ", ".join(devices)})
-    return pd.DataFrame(rows)
-
-
-def show_settled_beyond(page: str, profile: str, label_name: str = "runs",
-                        **params) -> tuple[Runs, list[str]]:
-    """:func:`settled_beyond`, and on the page (when it finds any) the runs at the papers' scale that
-    settle some of its claims already, labelled with their profile and seeds, and which claims they
-    settle; the page then grades those claims on them (each study's ``*_settled`` rules)."""
-    from IPython.display import Markdown, display
-
-    runs, settled = settled_beyond(page, profile, **params)
-    if settled:
-        from studies.numbers import code_names
-
-        claims = "; ".join(code_names(c, markdown=True) for c in settled)
-        display(Markdown(f"**At the papers' scale already.** The campaign trains claims first: the runs "
-                         f"below are complete at the `paper` profile while this page renders at `{profile}`, "
-                         f"so the claims they decide are graded on them, not on this page's runs: {claims}."))
-        display(table_for_reader(larger_profile_rows(runs, label_name)))
-    return runs, settled
-
-
 def mean_curve(results: list[Result]) -> pd.DataFrame:
     """Mean and standard deviation over seeds of the per-round test accuracy (%) and loss."""
     frames = [r.frame().dropna(subset=["test_acc"])[["round", "test_acc", "test_loss"]] for r in results]

@@ -372,9 +372,9 @@ def test_a_claim_complete_at_paper_is_graded_there_while_its_page_renders_smalle
     from fedlib.results import Result, result_path
     from studies import ledger
     from studies.claims import Finding, Verdict
-    from studies.common import larger_profile_rows, settled_beyond
     from studies.fdl import claims as fdl_claims
     from studies.fdl import pages as fdl_pages
+    from studies.settled import larger_profile_rows, settled_beyond
 
     monkeypatch.setenv("FEDLIB_RESULTS_DIR", str(tmp_path / "results"))
     assert settled_beyond("fdl_table1", "quick")[1] == []  # nothing committed here yet
