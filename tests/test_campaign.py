@@ -431,3 +431,17 @@ def test_settled_claims_name_their_runs_devices_and_hours(pages, tmp_path):
     assert (row["page"], row["claim"], row["runs"]) == ("page_b", "SCAFFOLD vs FedAvg", 2)
     assert row["devices"] == ["CPU"]
     assert row["hours"] == pytest.approx(sum(r.meta["duration_s"] for r in results) / 3600)
+
+
+def test_every_claim_settled_at_paper_is_graded_there_by_its_page():
+    """A page still short of the paper profile must grade the claims whose runs are complete at paper on
+    those runs (studies.settled), else they would stay graded at quick (issue 39): this fails when the
+    campaign settles a claim of a page whose notebook does not look for them."""
+    from fedlib.results import REPO_ROOT
+
+    per_page = campaign.needed("paper")
+    for row in campaign.settled_claims("paper"):
+        page = row["page"]
+        if campaign.missing({page: per_page[page]}):  # the page renders below paper
+            text = (REPO_ROOT / "notebooks" / f"{page}.ipynb").read_text()
+            assert "show_settled_beyond(" in text, (page, row["claim"])
