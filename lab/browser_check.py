@@ -103,6 +103,21 @@ window.addEventListener("load", function () { setTimeout(function () {
                "renders under MIN_PX px");
     }
   });
+  // verdict badges: one colour per verdict class, wherever it is drawn (legend and tables), and no two
+  // classes alike
+  var colours = {};
+  document.querySelectorAll("article .verdict").forEach(function (e) {
+    var cls = String(e.className).split(" ").filter(function (c) {
+      return c.indexOf("verdict-") === 0; })[0] || "(no verdict class)";
+    (colours[cls] = colours[cls] || {})[getComputedStyle(e).backgroundColor] = true;
+  });
+  var seen = {};
+  Object.keys(colours).forEach(function (cls) {
+    var cs = Object.keys(colours[cls]);
+    if (cs.length > 1) bad.push("the " + cls + " badge has " + cs.length + " colours: " + cs.join(", "));
+    if (seen[cs[0]]) bad.push("the " + cls + " and " + seen[cs[0]] + " badges share the colour " + cs[0]);
+    seen[cs[0]] = cls;
+  });
   var m = document.createElement("div"); m.id = "fedlib-overflow-probe";
   m.setAttribute("data-overflow", bad.join("; "));
   m.setAttribute("data-height", String(document.documentElement.scrollHeight));

@@ -21,6 +21,10 @@ HIDDEN = """<html><head><style>img { max-width: 100%; }</style></head>
 <table><tr><th></th><th>a</th></tr><tr><td>0</td><td>x</td></tr><tr><td>1</td><td>y</td></tr></table>
 <p>&lt;IPython.core.display.Markdown object&gt; and ('client', 3.0)</p>
 <p>the held_out_rmse of each model; <code>set_as_code</code> is fine</p>
+<p><span class="verdict verdict-partly" style="background: #fbe8b6">partly</span>
+<span class="verdict verdict-partly" style="background: #cccccc">partly</span>
+<span class="verdict verdict-sanity" style="background: #dcdcf5">sanity check</span>
+<span class="verdict verdict-not-testable" style="background: #dcdcf5">not testable</span></p>
 <figure><img src="wide.svg" alt="twice the column's width"><figcaption>Shrunk.</figcaption></figure>
 <figure><img src="fits.svg" alt="a little wider than the column"><figcaption>Fine.</figcaption></figure>
 </article></body></html>"""
@@ -59,6 +63,8 @@ def test_browser_check_passes_a_good_page_and_flags_a_bad_one(tmp_path):
     assert "raw program output" in hidden
     assert "a name from the code outside code: " in hidden and "held_out_rmse of" in hidden
     assert "set_as_code" not in hidden
+    assert "the verdict-partly badge has 2 colours" in hidden
+    assert "badges share the colour rgb(220, 220, 245)" in hidden
     assert "figure wide.svg shown at 43 % of its width: its smallest text renders under 9 px" in hidden
     assert "fits.svg" not in hidden
     problems = " ".join(reports["bad.html"].problems)
