@@ -1,4 +1,5 @@
-"""Floating-point operations of a configuration's training, counted once per shape.
+"""Floating-point operations of a configuration's training, counted once per shape, and the operators
+one vectorized step dispatches.
 
 A configuration's arithmetic is set by its shape (algorithm, model, batch size, DP mode, dropout,
 precision) and its plan (rounds, clients per round, samples per client, local epochs, evaluated test
@@ -18,6 +19,7 @@ import functools
 import math
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedlib.config import Config
@@ -67,3 +69,40 @@ def training_flops(config: Config) -> float:
     per_round = config.n_train * config.client_fraction * config.local_epochs * train
     evaluations = math.ceil(config.rounds / max(1, config.eval_every))
     return config.rounds * per_round + evaluations * config.n_test * ev
+
+
+class _OperatorCount(TorchDispatchMode):
+    """Counts the ATen operators dispatched while active (what a device would launch, one kernel or
+    more each: on a GPU the per-operator cost, not arithmetic, bounds a step of these small models)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _round_operators(config: Config, clients: int, runs: int, steps: int) -> int:
+    from fedlib.experiment import Experiment, RunBatch
+
+    shape = config.replace(clients=clients, train_samples=clients * config.batch_size * steps,
+                           test_samples=config.batch_size, client_fraction=1.0, local_epochs=1,
+                           partition="iid", rounds=1, min_client_samples=1)
+    batch = RunBatch([Experiment(shape.replace(seed=s), torch.device("cpu")) for s in range(runs)])
+    works = [work for _, work in (e.prepare(0, off) for e, off in zip(batch.experiments, batch.offsets,
+                                                                     strict=True))]
+    executor = batch.executor("vectorized")
+    with _OperatorCount() as counted:
+        executor.run_many(works)
+    return counted.count
+
+
+def operators_per_step(config: Config, lanes: int, runs: int = 1) -> int:
+    """ATen operators one vectorized training step of ``config``'s shape dispatches, with ``lanes``
+    clients (one per lane) in each of ``runs`` runs trained as one run batch: a round of two local
+    steps less a round of one (the per-round work, opening and closing clients and the clients'
+    releases, cancels). A step that vectorizes fully dispatches the same operators whatever the
+    lanes and runs."""
+    return (_round_operators(config, lanes, runs, 2) - _round_operators(config, lanes, runs, 1))

@@ -14,6 +14,8 @@ Measures, in one process and on one setting (dataset, model, clients, samples, b
   every client for one epoch, and aggregation) on each engine path, the median of several
   rounds after a warm-up; evaluation is timed separately (``eval_s``);
 * ``default_s``: the path the engine picks by itself on this device;
+* ``operators_per_step``: ATen operators one vectorized step dispatches, per algorithm family, at 2
+  and 16 lanes and in a run batch of 4 runs (:func:`step_operators`; constant when the step is);
 * ``default_gflops``: that round's training FLOP (counted, :mod:`fedlib.flops`) over its time, and
   ``default_percent_of_peak``, its share of ``matmul_peak_gflops``, the device's matrix-multiply
   rate measured in the same run (:func:`matmul_peak_flops`);
@@ -290,6 +292,30 @@ def flop_rates(config: Config, device: torch.device, default_s: float) -> dict:
             "matmul_peak_gflops": peak / 1e9, "default_percent_of_peak": 100 * achieved / peak}
 
 
+#: The algorithm families whose vectorized step's operator count the benchmark reports.
+STEP_FAMILIES = {
+    "fedavg": dict(),
+    "moon_dpap_central": OTHER_ALGORITHMS["moon_dpap_dp"],
+    "moon_dpap_record": dict(algorithm="moon_dpap", dp="record", dp_epsilon_total=50.0,
+                             dp_schedule="constant"),
+    "ldp_fl": dict(algorithm="ldp_fl"),
+}
+
+
+def step_operators(config: Config) -> dict[str, dict[str, int]]:
+    """ATen operators per vectorized step (:func:`fedlib.flops.operators_per_step`) of each family in
+    :data:`STEP_FAMILIES` on the benchmark's model, at 2 and 16 lanes and with a run batch of 4 runs:
+    a step of constant launch count dispatches the same number in every case."""
+    from fedlib.flops import operators_per_step
+
+    out = {}
+    for name, changes in STEP_FAMILIES.items():
+        c = config.replace(**changes)
+        out[name] = {"2 lanes": operators_per_step(c, 2), "16 lanes": operators_per_step(c, 16),
+                     "2 lanes x 4 runs": operators_per_step(c, 2, runs=4)}
+    return out
+
+
 def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -323,6 +349,7 @@ def benchmark(config: Config, device: torch.device, rounds: int = 3,
     out["default_vs_floor"] = out["default_s"] / out["floor_s"]
     out["rounds_per_s"] = 1.0 / out["default_s"]
     out.update(flop_rates(config, device, out["default_s"]))
+    out["operators_per_step"] = step_operators(config)
     for name, changes in OTHER_ALGORITHMS.items():
         out[f"{name}_s"] = time_rounds(config.replace(**changes), device, default, rounds)[0]
     out["moon_dpap_dp_vs_fedavg"] = out["moon_dpap_dp_s"] / out["default_s"]

@@ -17,7 +17,7 @@ KEYS = {"device", "model", "clients", "samples", "floor_s", "sequential_s", "vec
         "default_s", "overhead_sequential", "speedup_vectorized", "default_vs_floor", "rounds_per_s",
         "peak_mem_mb", "moon_s", "scaffold_s", "moon_dpap_dp_s", "default_bf16_s",
         "moon_dpap_state_mb_1000", "run_batch_runs_per_s", "default_gflops", "matmul_peak_gflops",
-        "default_percent_of_peak", "train_mflop_per_sample"}
+        "default_percent_of_peak", "train_mflop_per_sample", "operators_per_step"}
 #: What the cores can give: measured on a CPU only.
 CPU_KEYS = {"floor_1thread_s", "plain_parallel_s", "plain_parallel_vs_floor"}
 
@@ -122,3 +122,20 @@ def test_a_benchmark_with_options_is_kept_apart_from_the_estimates(tmp_path, mon
     assert default.parent == tmp_path
     per_sample, name = bench_seconds_per_sample("cpu")
     assert (per_sample, name) == (2.0 / 100, default.name)
+
+
+@pytest.mark.parametrize("changes", [dict(), dict(algorithm="ldp_fl"), dict(algorithm="fdl"),
+                                     dict(algorithm="moon_dpap", dp="central", dp_epsilon_per_round=1.0,
+                                          dp_clip=0.5)],
+                         ids=["fedavg", "ldp_fl", "fdl", "moon_dpap_central"])
+def test_a_vectorized_step_dispatches_as_many_operators_for_2_and_64_lanes(changes):
+    """Issue 37 item 1, where it holds today: the step's operators do not grow with the lanes (nor, for
+    FedAvg and the local-DP family, with the runs of a run batch). Record-level DP-SGD draws its step
+    noise per lane and grows with them, and MOON-DPAP's batched run contexts add a fixed set: open."""
+    from fedlib.flops import operators_per_step
+
+    config = Config(model="mlp", batch_size=8, **changes)
+    two = operators_per_step(config, 2)
+    assert two == operators_per_step(config, 64) and two > 0
+    if changes.get("algorithm") != "moon_dpap":
+        assert two == operators_per_step(config, 2, runs=8)
