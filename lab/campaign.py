@@ -652,6 +652,10 @@ def _print_plan(args) -> None:
         print(f"invalid (counted as missing; training sets it aside): {path.name}: {reason}")
     distinct = missing(per_page)
     print(f"missing configurations (distinct, all pages): {len(distinct)}")
+    shapes = groups(distinct, None)
+    if shapes:
+        print(f"run batches by step shape across pages and seeds: {len(shapes)} (the largest holds "
+              f"{max(map(len, shapes))} runs; a run batch trains its runs' clients together)")
     rate = bench_flop_rate(kind)
     if not args.pages:
         for only, what in ((False, "the whole campaign"), (True, "what is missing")):

@@ -229,6 +229,8 @@ def test_the_short_command_plans_and_reports_the_distinct_missing(tmp_path):
     assert total == len(campaign.missing(campaign.needed("smoke"), tmp_path)) > 0
     assert f"estimate for what is missing ({total} configurations" in out
     assert "FLOP for what is missing: " in out and "PFLOP" in out
+    shapes = campaign.groups(campaign.missing(campaign.needed("smoke"), tmp_path), None)
+    assert f"run batches by step shape across pages and seeds: {len(shapes)} " in out
 
 
 def _archive(path, members: dict[str, bytes]):
