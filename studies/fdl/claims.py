@@ -48,7 +48,7 @@ def table1(runs: Runs, profile: str, kept: list[float], sent: list[float]) -> li
 
 def table1_settled(runs: Runs, settled: list[str], profile: str = "paper") -> list[Finding]:
     """Table 1's claims in ``settled``, graded on ``runs`` at ``profile`` (the labels those claims need,
-    :func:`studies.common.settled_beyond`), each marked with that profile and its seeds."""
+    :func:`studies.settled.settled_beyond`), each marked with that profile and its seeds."""
     out = []
     for claim in settled:
         if claim == PEAK:
@@ -144,7 +144,9 @@ def sensitive(changes: dict, profile: str) -> Finding:
 
 def fig4_settled(runs: Runs, settled: list[str], epsilon: float, profile: str = "paper") -> list[Finding]:
     """Fig. 4's claims in ``settled``, graded on ``runs`` at ``profile`` (FDL's runs those claims need,
-    :func:`studies.common.settled_beyond`), each marked with that profile and its seeds."""
+    :func:`studies.settled.settled_beyond`), each marked with that profile and its seeds."""
+    if not settled:
+        return []
     changes = {part: last_change(runs.results[("fdl", part, epsilon)])
                for part in ("iid", "noniid") if ("fdl", part, epsilon) in runs.results}
     rounds = next(iter(runs.results.values()))[0].config.rounds
