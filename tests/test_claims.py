@@ -428,3 +428,21 @@ def test_claim3_cannot_speak_when_no_private_model_learned():
     assert dc.claim3(over, "paper")[0].verdict is V.NOT_REPRODUCED
     # "well above chance": 20 points above 1 / classes
     assert dc.learned(30.0) and not dc.learned(29.9) and dc.learned(70.0, num_classes=2)
+
+
+def test_moon_dpap_claims_settled_at_paper_are_graded_on_those_runs_alone():
+    """Issue 39: MOON-DPAP's Fig. 1 and Fig. 2 claims whose runs are complete at paper are graded on
+    those runs only (the other methods need not be there), marked with the profile and seeds."""
+    from studies.moon_dpap import claims as mc
+
+    fig1 = _runs({"moon_dpap": [83.0, 84.0, 83.5], "fedavg": [78.5, 79.0, 79.2]})
+    reaches, gap = mc.fig1_settled(fig1, [mc.REACHES, mc.ABOVE_FEDAVG])
+    assert (reaches.claim, reaches.verdict, reaches.profile, reaches.seeds) == (mc.REACHES, V.REPRODUCED,
+                                                                                 "paper", 3)
+    assert gap.claim == mc.ABOVE_FEDAVG and gap.verdict is V.REPRODUCED  # 4.6 points, paper 4.7 ± 2
+    with pytest.raises(KeyError):  # a claim whose runs are not there cannot be graded
+        mc.fig1_settled(fig1, [mc.BEST])
+    fig2 = _runs({"moon_dpap": [83.0, 84.0, 83.5], "moon_dpap (DP, eq. 5 schedule)": [10.0, 10.2, 9.9]})
+    at_chance, cost = mc.fig2_settled(fig2, [mc.WITH_DP, mc.DP_COST], 120.0, 10.0, 5e4)
+    assert at_chance.verdict is V.NOT_REPRODUCED and "chance" in at_chance.ours and at_chance.scope
+    assert cost.claim == mc.DP_COST and cost.profile == "paper" and cost.scope  # our reading of the DP

@@ -251,6 +251,18 @@ def noise_vs_signal(config: Config, zs: list[float], dims: int) -> pd.DataFrame:
     )
 
 
+def fig2_context(profile: str, eps0: float = 1.0, clip: float = 0.5) -> tuple[float, float, float]:
+    """What Fig. 2's DP claims are graded with at ``profile``: the total epsilon of the eq. 5 schedule,
+    the untrained model's accuracy (%) and the first round's noise-to-signal ratio
+    (:func:`noise_vs_signal`)."""
+    from fedlib.models import build_model, count_parameters
+    from studies.common import untrained_accuracy
+
+    cfg, zs, eps_total = fig2_schedule(profile, eps0, clip)
+    dims = count_parameters(build_model(cfg.model, proj_dim=cfg.projection_dim))
+    return eps_total, untrained_accuracy(cfg), float(noise_vs_signal(cfg, zs, dims)["noise / signal"].iloc[0])
+
+
 READING_NAMES = {"client": "client-level", "record": "record-level"}
 
 
