@@ -446,3 +446,18 @@ def test_moon_dpap_claims_settled_at_paper_are_graded_on_those_runs_alone():
     at_chance, cost = mc.fig2_settled(fig2, [mc.WITH_DP, mc.DP_COST], 120.0, 10.0, 5e4)
     assert at_chance.verdict is V.NOT_REPRODUCED and "chance" in at_chance.ours and at_chance.scope
     assert cost.claim == mc.DP_COST and cost.profile == "paper" and cost.scope  # our reading of the DP
+
+
+def test_fdl_fig3_claims_settled_at_paper_are_graded_on_those_runs_alone():
+    """Corrected FDL's claim needs only corrected FDL and FDL at the largest budget (issue 39 step 6)."""
+    from studies.fdl import claims as fdl_claims
+
+    settled = [fdl_claims.CORRECTED]
+    near = _runs({("fdl_corrected", "iid", 1.0): [90.0, 91.0, 90.5], ("fdl", "iid", 1.0): [92.0, 91.5, 92.5]})
+    [f] = fdl_claims.fig3_settled(near, settled, 9.5, 1e-3, 1.0, 0.1)
+    assert f.claim == fdl_claims.CORRECTED and f.verdict is V.REPRODUCED and f.profile == "paper"
+    stuck = _runs({("fdl_corrected", "iid", 1.0): [9.5, 9.6, 9.4], ("fdl", "iid", 1.0): [92.0, 91.5, 92.5]})
+    [g] = fdl_claims.fig3_settled(stuck, settled, 9.5, 1e-3, 1.0, 0.1)
+    assert g.verdict is V.NOT_REPRODUCED and "learns nothing" in g.reason and g.seeds == 3
+    with pytest.raises((KeyError, ValueError)):  # the other claims need their own runs
+        fdl_claims.fig3_settled(near, [fdl_claims.best_claim("iid")], 9.5, 1e-3, 1.0, 0.1)
