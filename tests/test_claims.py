@@ -461,3 +461,14 @@ def test_fdl_fig3_claims_settled_at_paper_are_graded_on_those_runs_alone():
     assert g.verdict is V.NOT_REPRODUCED and "learns nothing" in g.reason and g.seeds == 3
     with pytest.raises((KeyError, ValueError)):  # the other claims need their own runs
         fdl_claims.fig3_settled(near, [fdl_claims.best_claim("iid")], 9.5, 1e-3, 1.0, 0.1)
+
+
+def test_moon_dpap_table1_accuracies_at_20_clients_settle_with_fig1s_runs():
+    from studies.moon_dpap import claims as mc
+    from studies.moon_dpap.settings import PAPER, TABLE1_METHODS
+
+    at20 = _runs({f"{m}|20": [PAPER["table1"][m][2]] * 3 for m in TABLE1_METHODS})
+    [f] = mc.table1_settled(at20, [mc.TABLE1_NUMBERS])
+    assert f.claim == mc.TABLE1_NUMBERS and f.verdict is V.REPRODUCED and f.profile == "paper"
+    with pytest.raises(KeyError, match="10 clients"):
+        mc.table1_settled(at20, [mc.BEST_AT_10])
