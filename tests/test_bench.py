@@ -22,6 +22,7 @@ KEYS = {"device", "model", "clients", "samples", "floor_s", "sequential_s", "vec
 CPU_KEYS = {"floor_1thread_s", "plain_parallel_s", "plain_parallel_vs_floor"}
 
 
+@pytest.mark.e2e
 def test_bench_json_line_has_every_key(capsys):
     assert bench.main(["--samples", "400", "--clients", "4", "--rounds", "1", "--batch-runs", "1", "2",
                        "--no-scale", "--json"]) == 0

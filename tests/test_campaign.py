@@ -214,12 +214,14 @@ def test_pack_and_unpack_check_every_file(tmp_path):
         campaign.check_result(results[1].path.name, json.dumps(no_meta).encode())
 
 
+@pytest.mark.e2e
 def test_plan_of_the_real_pages_covers_every_profile():
     for profile in ("smoke", "paper"):
         rows = campaign.plan(profile, kind="cpu")
         assert sum(r["needed"] for r in rows) > 100
 
 
+@pytest.mark.e2e
 def test_the_short_command_plans_and_reports_the_distinct_missing(tmp_path):
     env = {**os.environ, "FEDLIB_RESULTS_DIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-m", "lab.campaign", "plan", "--profile", "smoke"],

@@ -109,7 +109,7 @@ def test_local_randomisers_draw_the_same_noise_on_every_path(tmp_path, case):
         assert [h.get("sent_frac") for h in r.history] == [h.get("sent_frac") for h in ref.history]
 
 
-@pytest.mark.parametrize("case", ["moon_dpap_central", "ldp_fl"])
+@pytest.mark.parametrize("case", [pytest.param("moon_dpap_central", marks=pytest.mark.e2e), "ldp_fl"])
 def test_spawned_workers_release_what_forked_ones_do(tmp_path, monkeypatch, case):
     """Where a GPU is visible the parallel path spawns its workers instead of forking them (a fork
     after any backward pass breaks autograd there: :func:`fedlib.engine.worker_start_method`).
