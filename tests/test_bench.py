@@ -76,6 +76,7 @@ def test_scale_figures_and_saved_provenance(tmp_path):
               "paper_moon_dpap_dp_run_s", "moon_dpap_s", "moon_dpap_record_s"):
         assert out[k] > 0
     assert out["record_dp_cost"] == out["moon_dpap_record_s"] / out["moon_dpap_s"]
+    assert out["ghost_dp_cost"] == out["moon_dpap_ghost_s"] / out["moon_dpap_s"]
     path = bench.save(out, torch.device("cpu"), tmp_path)
     saved = json.loads(path.read_text())
     assert saved["results"] == out

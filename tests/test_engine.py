@@ -284,7 +284,9 @@ def test_bfloat16_paths_agree_to_bfloat16_tolerance(tmp_path, other):
     ("moon_dpap", {"dp": "central", "dp_epsilon_per_round": 50.0, "dp_clip": 1.0, "prune": True,
                    "dropout": 0.2}),
     ("moon_dpap", {"dp": "record", "dp_epsilon_total": 50.0, "dp_schedule": "constant"}),
-    ("ldp_fl", {}), ("fdl", {})], ids=["fedavg", "moon_dpap_central", "moon_dpap_record", "ldp_fl", "fdl"])
+    ("moon_dpap", {"dp": "record", "dp_epsilon_total": 50.0, "dp_schedule": "constant", "dp_grad": "ghost"}),
+    ("ldp_fl", {}), ("fdl", {})],
+    ids=["fedavg", "moon_dpap_central", "moon_dpap_record", "moon_dpap_ghost", "ldp_fl", "fdl"])
 def test_no_tensor_is_read_back_between_a_rounds_first_and_last_step(tmp_path, monkeypatch, algorithm,
                                                                        changes):
     """Issue 37 item 2: the vectorized path's steps (lane switches included: the clients are unequal)
