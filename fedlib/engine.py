@@ -31,16 +31,20 @@ path, with generators keyed on (config, round, client), so it draws the same noi
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing as mp
 import os
 import signal
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from torch.func import vmap
+from torch.overrides import TorchFunctionMode
 
 from fedlib.algorithms.base import RELEASE_PREFIX, Algorithm, RoundContext
 from fedlib.graphs import CaptureBackend, CapturedStep, capture_backend
@@ -52,6 +56,41 @@ from fedlib.streams import Stream
 from fedlib.tree import Tree, index, stack, tmap, where
 
 PATHS = ("sequential", "parallel", "vectorized")
+
+
+class HostSync(RuntimeError):
+    """A tensor's value read back to Python inside a round's steps (see :func:`no_host_sync`)."""
+
+
+class _NoHostSync(TorchFunctionMode):
+    """Refuses every call that reads a tensor's value into Python: on a GPU each waits for the device
+    to finish all it was given, so one inside the step loop serialises the host and the device."""
+
+    REFUSED = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__float__,
+               torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.cpu, torch.Tensor.numpy}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.REFUSED:
+            raise HostSync(f"Tensor.{func.__name__} inside a round's steps: it reads a value back to the "
+                           "host (read diagnostics once per round, after the last step)")
+        return func(*args, **(kwargs or {}))
+
+
+#: What the vectorized path enters around its steps: nothing, unless :func:`no_host_sync` is active.
+step_guard: Callable[[], AbstractContextManager] = contextlib.nullcontext
+
+
+@contextlib.contextmanager
+def no_host_sync():
+    """While active, the vectorized path's step loop (from a round's first step to its last, lane
+    switches included) refuses any read of a tensor's value into Python (:class:`HostSync`): the
+    tests run every algorithm family under it (issue 37, item 2)."""
+    global step_guard
+    before, step_guard = step_guard, _NoHostSync
+    try:
+        yield
+    finally:
+        step_guard = before
 LANES = ("auto", "clients")
 
 Outputs = tuple[Tree, Tree, Tree]  # uploads, new client states, metrics (stacked over clients)
@@ -431,35 +470,36 @@ def run_vectorized(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, works: lis
             captured = None
     done_rows: list[torch.Tensor] = []
     done_out: list[Outputs] = []
-    for j in range(S):
-        if j > 0:
-            switch = (row[:, j] != row[:, j - 1]) & (row[:, j] >= 0)
-            if switch.any():  # close the clients these lanes finished, open the next ones
-                if captured is not None:
-                    s = captured.state
-                lanes_sw = torch.from_numpy(np.flatnonzero(switch)).to(device)
-                out = final(ids, s, lane_cstate, lane_cx)
-                done_rows.append(torch.tensor(row[switch, j - 1], device=device))
-                done_out.append(index(out, lanes_sw))
-                mask = torch.from_numpy(switch).to(device)
-                current = torch.where(mask, torch.tensor(row[:, j], device=device), current)
-                lane_cstate = where(mask, index(cstates, current), lane_cstate)
-                if runs.batched:
-                    lane_cx = where(mask, runs.gather(run_of_row[current]), lane_cx)
-                s = where(mask, init(ids, lane_cstate, lane_cx), s)
-                if captured is not None:
-                    captured.set_state(s)
-                    captured.load(cstate=lane_cstate, context=lane_cx)
-        if captured is not None:
-            if j > 0:  # step 0's selection is in the buffers since the capture
-                captured.load(selection=_selection(lp, j, active_steps))
-            captured.replay()
-            continue
-        batch = _batch(x, y, lp.idx[:, j], lp.weight[:, j], None if lp.drop is None else lp.drop[:, j],
-                       lp.step_noise(j) if lp.has_noise else None)
-        new = step(ids, s, batch, lane_cstate, lane_cx)
-        active = row[:, j] >= 0
-        s = new if active.all() else where(torch.from_numpy(active).to(device), new, s)
+    with step_guard():  # nothing in the steps reads a tensor back to Python (tests: no_host_sync)
+        for j in range(S):
+            if j > 0:
+                switch = (row[:, j] != row[:, j - 1]) & (row[:, j] >= 0)
+                if switch.any():  # close the clients these lanes finished, open the next ones
+                    if captured is not None:
+                        s = captured.state
+                    lanes_sw = torch.from_numpy(np.flatnonzero(switch)).to(device)
+                    out = final(ids, s, lane_cstate, lane_cx)
+                    done_rows.append(torch.tensor(row[switch, j - 1], device=device))
+                    done_out.append(index(out, lanes_sw))
+                    mask = torch.from_numpy(switch).to(device)
+                    current = torch.where(mask, torch.tensor(row[:, j], device=device), current)
+                    lane_cstate = where(mask, index(cstates, current), lane_cstate)
+                    if runs.batched:
+                        lane_cx = where(mask, runs.gather(run_of_row[current]), lane_cx)
+                    s = where(mask, init(ids, lane_cstate, lane_cx), s)
+                    if captured is not None:
+                        captured.set_state(s)
+                        captured.load(cstate=lane_cstate, context=lane_cx)
+            if captured is not None:
+                if j > 0:  # step 0's selection is in the buffers since the capture
+                    captured.load(selection=_selection(lp, j, active_steps))
+                captured.replay()
+                continue
+            batch = _batch(x, y, lp.idx[:, j], lp.weight[:, j], None if lp.drop is None else lp.drop[:, j],
+                           lp.step_noise(j) if lp.has_noise else None)
+            new = step(ids, s, batch, lane_cstate, lane_cx)
+            active = row[:, j] >= 0
+            s = new if active.all() else where(torch.from_numpy(active).to(device), new, s)
     if captured is not None:
         s = captured.state
     out = final(ids, s, lane_cstate, lane_cx)  # every lane's last client

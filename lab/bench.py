@@ -59,6 +59,7 @@ import resource
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -227,8 +228,8 @@ PAPER_ROUNDS = 200
 def scale_figures(config: Config, device: torch.device, rounds: int, clients: tuple[int, int] = (100, 1000),
                   paper_scale: dict | None = None) -> dict:
     """Round time at 100 and 1000 clients (same data), MOON-DPAP's round without DP and with
-    record-level DP-SGD (their ratio ``record_dp_cost``), and paper-scale run times extrapolated
-    from ``rounds`` timed rounds: ``200 x (round + evaluation)``."""
+    record-level DP-SGD (their ratio ``record_dp_cost``; ``ghost_dp_cost`` with ghost clipping), and
+    paper-scale run times extrapolated from ``rounds`` timed rounds: ``200 x (round + evaluation)``."""
     path = default_path(device)
     out = {}
     for n in clients:
@@ -240,6 +241,9 @@ def scale_figures(config: Config, device: torch.device, rounds: int, clients: tu
     out["moon_dpap_s"] = time_rounds(config.replace(algorithm="moon_dpap"), device, path, rounds)[0]
     out["moon_dpap_record_s"] = time_rounds(config.replace(**RECORD_DP), device, path, rounds)[0]
     out["record_dp_cost"] = out["moon_dpap_record_s"] / out["moon_dpap_s"]
+    ghost = config.replace(**RECORD_DP, dp_grad="ghost")
+    out["moon_dpap_ghost_s"] = time_rounds(ghost, device, path, rounds)[0]
+    out["ghost_dp_cost"] = out["moon_dpap_ghost_s"] / out["moon_dpap_s"]
     paper = Config(**(paper_scale or PAPER_SCALE), rounds=rounds + 1)
     round_s, eval_s = time_rounds(paper, device, path, rounds)
     out["paper_fedavg_run_s"] = PAPER_ROUNDS * (round_s + eval_s)
@@ -323,6 +327,94 @@ def peak_memory_mb(device: torch.device) -> float:
     return self_kb / 1024
 
 
+def record_dp_step(model_name: str = "cnn", batch: int = 32, clip: float = 1.0, repeats: int = 15,
+                   device: torch.device | None = None) -> dict:
+    """One record-level DP-SGD step's gradient (the clipped sum of ``batch`` per-sample gradients of
+    a cross-entropy loss) against the plain step's, every way measured in the same run, interleaved
+    (median of ``repeats``; one thread on the CPU): fedlib's per-sample path (``vmap`` of ``grad``),
+    fedlib's ghost clipping (:mod:`fedlib.privacy.ghost`), Opacus' hooks (``GradSampleModule``, then
+    the clip and the sum) and Opacus' ghost clipping (``GradSampleModuleFastGradientClipping``, its
+    two backward passes); ``*_x`` is each as a multiple of the plain step, and
+    ``ghost_vs_opacus_rel`` the largest relative difference of fedlib's ghost sum from Opacus'."""
+    import copy
+
+    from opacus.grad_sample import GradSampleModule, GradSampleModuleFastGradientClipping
+    from torch.func import functional_call, grad
+
+    from fedlib.privacy.dpsgd import clip_per_sample, per_sample_grads
+    from fedlib.privacy.ghost import ghost_clipped_sum
+
+    device = device or torch.device("cpu")
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        model = build_model(model_name).to(device)
+        params = {k: v.detach() for k, v in model.named_parameters()}
+        x = torch.randn(batch, 1, 28, 28, device=device)
+        y = torch.randint(0, 10, (batch,), device=device)
+        data = {"x": x, "y": y, "w": torch.ones(batch, device=device)}
+
+        def loss(p, b):
+            per = F.cross_entropy(functional_call(model, p, (b["x"],)), b["y"], reduction="none")
+            return (per * b["w"]).sum() / b["w"].sum().clamp_min(1.0)
+
+        hooked = GradSampleModule(copy.deepcopy(model))
+        fast_model = copy.deepcopy(model)
+        fast = GradSampleModuleFastGradientClipping(fast_model, batch_first=True, loss_reduction="sum",
+                                                    max_grad_norm=clip, use_ghost_clipping=True)
+
+        def opacus_hooks():
+            F.cross_entropy(hooked(x), y, reduction="sum").backward()
+            grads = {k: p.grad_sample for k, p in hooked._module.named_parameters()}
+            for p in hooked.parameters():
+                p.grad, p.grad_sample = None, None
+            return clip_per_sample(grads, clip, data["w"])[0]
+
+        def opacus_ghost():
+            per = F.cross_entropy(fast(x), y, reduction="none")
+            per.sum().backward(retain_graph=True)
+            for p in fast_model.parameters():
+                p.grad = None
+            coef = fast.get_clipping_coef()
+            fast.disable_hooks()
+            (coef * per).sum().backward()
+            fast.enable_hooks()
+            out = {k: p.grad for k, p in fast_model.named_parameters()}
+            for p in fast_model.parameters():
+                p.grad = None
+            return out
+
+        ways = {
+            "plain": lambda: grad(loss)(params, data),
+            "per_sample": lambda: clip_per_sample(per_sample_grads(loss, params, data)[0], clip,
+                                                  data["w"])[0],
+            "ghost": lambda: ghost_clipped_sum(model, loss, params, data, clip, data["w"])[0],
+            "opacus_hooks": opacus_hooks,
+            "opacus_ghost": opacus_ghost,
+        }
+        with warnings.catch_warnings():  # Opacus' hooks fire on outputs when no input needs a gradient
+            warnings.simplefilter("ignore", UserWarning)
+            results = {k: f() for k, f in ways.items()}  # warm-up, and the sums compared below
+            times: dict[str, list[float]] = {k: [] for k in ways}
+            for _ in range(repeats):
+                for k, f in ways.items():
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    f()
+                    _sync(device)
+                    times[k].append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    out = {"model": model_name, "batch": batch, "plain_ms": 1e3 * med["plain"]}
+    out.update({f"{k}_x": med[k] / med["plain"] for k in ways if k != "plain"})
+    ref, got = results["opacus_ghost"], results["ghost"]
+    out["ghost_vs_opacus_rel"] = max(float((got[k] - ref[k]).norm() / ref[k].norm()) for k in ref)
+    return out
+
+
 def benchmark(config: Config, device: torch.device, rounds: int = 3,
               paths: tuple[str, ...] | None = None, batch_runs: tuple[int, ...] = (1, 3, 8),
               scale: bool | None = None) -> dict:
@@ -350,6 +442,7 @@ def benchmark(config: Config, device: torch.device, rounds: int = 3,
     out["rounds_per_s"] = 1.0 / out["default_s"]
     out.update(flop_rates(config, device, out["default_s"]))
     out["operators_per_step"] = step_operators(config)
+    out["record_dp_step"] = record_dp_step(config.model, config.batch_size, device=device)
     for name, changes in OTHER_ALGORITHMS.items():
         out[f"{name}_s"] = time_rounds(config.replace(**changes), device, default, rounds)[0]
     out["moon_dpap_dp_vs_fedavg"] = out["moon_dpap_dp_s"] / out["default_s"]

@@ -70,6 +70,11 @@ ALGORITHM_COST = {"moon": 2.2, "moon_dpap": 2.2, "ditto": 2.0, "scaffold": 1.1, 
 #: against 3.4 s). A benchmark that measured its device's own (``record_dp_cost``, ``--scale``)
 #: overrides it for that device kind (:func:`record_dp_cost`).
 RECORD_DP_COST = 9.5
+#: The same with ghost clipping (``dp_grad = ghost``, what MOON-DPAP's record-level runs use at
+#: ``paper``): a quick Fig. 2 round on the 2-core CPU, 17.1 s against 60.9 s per-sample and 3.9 s
+#: without DP, measured in one process (:mod:`lab.bench` ``--scale`` records a device's own
+#: ``ghost_dp_cost``).
+GHOST_DP_COST = 4.4
 PACK_LIMIT = 16 * 2**20
 
 
@@ -164,21 +169,25 @@ def flops_of(configs: list[Config]) -> float:
     return sum(training_flops(c) for c in configs)
 
 
-def record_dp_cost(kind: str) -> float:
-    """Record-level DP-SGD's cost factor on ``kind``: what the latest committed benchmark of that kind
-    measured (``record_dp_cost``), else :data:`RECORD_DP_COST` (measured on the 2-core CPU)."""
+def record_dp_cost(kind: str, ghost: bool = False) -> float:
+    """Record-level DP-SGD's cost factor on ``kind`` (``ghost``: with ghost clipping): what the latest
+    committed benchmark of that kind measured (``record_dp_cost`` / ``ghost_dp_cost``), else
+    :data:`RECORD_DP_COST` / :data:`GHOST_DP_COST` (measured on the 2-core CPU)."""
     r, _ = latest_bench(kind)
-    measured = r.get("record_dp_cost") if r else None
-    return float(measured) if measured else RECORD_DP_COST
+    measured = r.get("ghost_dp_cost" if ghost else "record_dp_cost") if r else None
+    return float(measured) if measured else (GHOST_DP_COST if ghost else RECORD_DP_COST)
 
 
-def estimate_s(config: Config, per_sample: float | None, record_cost: float = RECORD_DP_COST) -> float:
+def estimate_s(config: Config, per_sample: float | None, record_cost: float = RECORD_DP_COST,
+               ghost_cost: float = GHOST_DP_COST) -> float:
     """Estimated seconds to train ``config`` (rounds x one epoch over its data x cost factors;
-    ``record_cost``: record-level DP-SGD's factor on the device, :func:`record_dp_cost`)."""
+    ``record_cost`` / ``ghost_cost``: record-level DP-SGD's factor on the device per-sample / with
+    ghost clipping, :func:`record_dp_cost`)."""
     if per_sample is None:
         return math.nan
     model = MODEL_COST.get(config.model, 1.0)
-    algo = ALGORITHM_COST.get(config.algorithm, 1.0) * (record_cost if config.dp == "record" else 1.0)
+    algo = ALGORITHM_COST.get(config.algorithm, 1.0) * (
+        (ghost_cost if config.dp_grad == "ghost" else record_cost) if config.dp == "record" else 1.0)
     epoch = config.n_train * config.client_fraction * config.local_epochs
     return config.rounds * epoch * per_sample * model * algo
 
@@ -225,10 +234,11 @@ def order(todo: list[Config], claims: list[tuple[str, list[Config]]],
     return steps
 
 
-def _cost(per_sample: float | None, record_cost: float = RECORD_DP_COST) -> Callable[[Config], float]:
+def _cost(per_sample: float | None, record_cost: float = RECORD_DP_COST,
+          ghost_cost: float = GHOST_DP_COST) -> Callable[[Config], float]:
     """The estimate in seconds; without a benchmark, the same formula in relative units (the order
     only needs ratios)."""
-    return lambda c: estimate_s(c, per_sample if per_sample is not None else 1.0, record_cost)
+    return lambda c: estimate_s(c, per_sample if per_sample is not None else 1.0, record_cost, ghost_cost)
 
 
 def claim_plan(profile: str, root: Path | None = None, kind: str | None = None,
@@ -238,15 +248,15 @@ def claim_plan(profile: str, root: Path | None = None, kind: str | None = None,
     step's whole cost is given on the first claim it settles; the others it settles say ``with``)."""
     kind = kind or device_kind()
     per_sample, _ = bench_seconds_per_sample(kind)
-    rc = record_dp_cost(kind)
+    rc, gc = record_dp_cost(kind), record_dp_cost(kind, ghost=True)
     per_page = needed(profile, pages, n_seeds)
     todo = missing(per_page, root)
     claims = [x for x in claims_for(profile, n_seeds) if x[1] in per_page]
     names = {f"{page}: {claim}": (paper, page, claim, cs) for paper, page, claim, cs in claims}
     rows, listed = [], set()
-    steps = order(todo, [(n, v[3]) for n, v in names.items()], _cost(per_sample, rc))
+    steps = order(todo, [(n, v[3]) for n, v in names.items()], _cost(per_sample, rc, gc))
     for i, (settled, configs) in enumerate(steps):
-        minutes = sum(estimate_s(c, per_sample, rc) for c in configs) / 60
+        minutes = sum(estimate_s(c, per_sample, rc, gc) for c in configs) / 60
         pflop = flops_of(configs) / 1e15
         for j, name in enumerate(settled):
             paper, page, claim, cs = names[name]
@@ -291,13 +301,13 @@ def plan(profile: str, root: Path | None = None, kind: str | None = None,
     """Per page: configurations needed, present, missing, estimated minutes of the missing ones."""
     kind = kind or device_kind()
     per_sample, source = bench_seconds_per_sample(kind)
-    rc = record_dp_cost(kind)
+    rc, gc = record_dp_cost(kind), record_dp_cost(kind, ghost=True)
     per_page = needed(profile, pages, n_seeds)
     rows = []
     for page, cs in per_page.items():
         todo = missing({page: cs}, root)
         rows.append({"page": page, "needed": len(cs), "present": len(cs) - len(todo), "missing": len(todo),
-                     "estimate_min": sum(estimate_s(c, per_sample, rc) for c in todo) / 60})
+                     "estimate_min": sum(estimate_s(c, per_sample, rc, gc) for c in todo) / 60})
     where = source or f"no {kind} benchmark committed: make bench there"
     rows.append({"page": f"(estimates from {where})", "needed": 0, "present": 0,
                  "missing": len(missing(per_page, root)), "estimate_min": math.nan})
@@ -310,10 +320,10 @@ def total_minutes(per_page: dict[str, list[Config]], kind: str, root: Path | Non
     only the missing ones) on ``kind``'s latest committed benchmark, run by run (run batches are
     faster on a GPU, so this is an upper estimate there), and how many configurations that is."""
     per_sample, _ = bench_seconds_per_sample(kind)
-    rc = record_dp_cost(kind)
+    rc, gc = record_dp_cost(kind), record_dp_cost(kind, ghost=True)
     configs = missing(per_page, root) if only_missing else list(
         {c.key(): c for cs in per_page.values() for c in cs}.values())
-    return sum(estimate_s(c, per_sample, rc) for c in configs) / 60, len(configs)
+    return sum(estimate_s(c, per_sample, rc, gc) for c in configs) / 60, len(configs)
 
 
 def trained_summary(profile: str = "paper", root: Path | None = None) -> list[dict]:
@@ -398,7 +408,7 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
     deadline = start + 60 * budget_min
     root = Path(root or results_dir())
     per_sample, _ = bench_seconds_per_sample(device_kind())
-    rc = record_dp_cost(device_kind())
+    rc, gc = record_dp_cost(device_kind()), record_dp_cost(device_kind(), ghost=True)
     per_page = needed(profile, pages, n_seeds)
     todo = missing(per_page, root)
     claims = [(f"{page}: {claim}", cs) for _, page, claim, cs in claims_for(profile, n_seeds)
@@ -409,12 +419,12 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
         for c in cs:
             pages_of[c.key()].append(page)
     done, skipped, settled = 0, 0, 0
-    for claim_names, configs in order(todo, claims, _cost(per_sample, rc))[:steps]:
+    for claim_names, configs in order(todo, claims, _cost(per_sample, rc, gc))[:steps]:
         complete = True
         for group in groups(configs, per_sample, rc):
             for i in range(0, len(group), max_batch):
                 chunk = group[i:i + max_batch]
-                est = sum(estimate_s(c, per_sample, rc) * rounds_left(c, root) for c in chunk)
+                est = sum(estimate_s(c, per_sample, rc, gc) * rounds_left(c, root) for c in chunk)
                 if time.time() >= deadline or (math.isfinite(est) and time.time() + est > deadline):
                     skipped += len(chunk)
                     complete = False
@@ -652,6 +662,10 @@ def _print_plan(args) -> None:
         print(f"invalid (counted as missing; training sets it aside): {path.name}: {reason}")
     distinct = missing(per_page)
     print(f"missing configurations (distinct, all pages): {len(distinct)}")
+    shapes = groups(distinct, None)
+    if shapes:
+        print(f"run batches by step shape across pages and seeds: {len(shapes)} (the largest holds "
+              f"{max(map(len, shapes))} runs; a run batch trains its runs' clients together)")
     rate = bench_flop_rate(kind)
     if not args.pages:
         for only, what in ((False, "the whole campaign"), (True, "what is missing")):

@@ -5,7 +5,7 @@
 (``[tool.mutmut]``): the files mutated are ``fedlib/privacy/`` and the DP parts of the algorithms
 (the parts of those files that are not privacy code are fenced off with ``# pragma: no mutate``
 regions, each saying why), only lines the privacy tests cover, and the test command is the privacy
-tests (``tests/test_privacy*.py``, ``test_local_dp``, ``test_discrete``, ``test_dpsgd``,
+tests (``tests/test_privacy*.py``, ``test_local_dp``, ``test_discrete``, ``test_dpsgd``, ``test_ghost``,
 ``test_call_sites``, ``test_dp_fedavg``; heavy audits and the tests that edit source text by hand
 left out). Each mutant is one small edit (a flipped comparison, a changed constant, a dropped
 argument); the tests must fail for it ("killed"). The Flower code that applies the mechanisms

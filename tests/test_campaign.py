@@ -214,12 +214,14 @@ def test_pack_and_unpack_check_every_file(tmp_path):
         campaign.check_result(results[1].path.name, json.dumps(no_meta).encode())
 
 
+@pytest.mark.e2e
 def test_plan_of_the_real_pages_covers_every_profile():
     for profile in ("smoke", "paper"):
         rows = campaign.plan(profile, kind="cpu")
         assert sum(r["needed"] for r in rows) > 100
 
 
+@pytest.mark.e2e
 def test_the_short_command_plans_and_reports_the_distinct_missing(tmp_path):
     env = {**os.environ, "FEDLIB_RESULTS_DIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-m", "lab.campaign", "plan", "--profile", "smoke"],
@@ -229,6 +231,8 @@ def test_the_short_command_plans_and_reports_the_distinct_missing(tmp_path):
     assert total == len(campaign.missing(campaign.needed("smoke"), tmp_path)) > 0
     assert f"estimate for what is missing ({total} configurations" in out
     assert "FLOP for what is missing: " in out and "PFLOP" in out
+    shapes = campaign.groups(campaign.missing(campaign.needed("smoke"), tmp_path), None)
+    assert f"run batches by step shape across pages and seeds: {len(shapes)} " in out
 
 
 def _archive(path, members: dict[str, bytes]):

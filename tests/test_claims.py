@@ -428,3 +428,47 @@ def test_claim3_cannot_speak_when_no_private_model_learned():
     assert dc.claim3(over, "paper")[0].verdict is V.NOT_REPRODUCED
     # "well above chance": 20 points above 1 / classes
     assert dc.learned(30.0) and not dc.learned(29.9) and dc.learned(70.0, num_classes=2)
+
+
+def test_moon_dpap_claims_settled_at_paper_are_graded_on_those_runs_alone():
+    """Issue 39: MOON-DPAP's Fig. 1 and Fig. 2 claims whose runs are complete at paper are graded on
+    those runs only (the other methods need not be there), marked with the profile and seeds."""
+    from studies.moon_dpap import claims as mc
+
+    fig1 = _runs({"moon_dpap": [83.0, 84.0, 83.5], "fedavg": [78.5, 79.0, 79.2]})
+    reaches, gap = mc.fig1_settled(fig1, [mc.REACHES, mc.ABOVE_FEDAVG])
+    assert (reaches.claim, reaches.verdict, reaches.profile, reaches.seeds) == (mc.REACHES, V.REPRODUCED,
+                                                                                 "paper", 3)
+    assert gap.claim == mc.ABOVE_FEDAVG and gap.verdict is V.REPRODUCED  # 4.6 points, paper 4.7 ± 2
+    with pytest.raises(KeyError):  # a claim whose runs are not there cannot be graded
+        mc.fig1_settled(fig1, [mc.BEST])
+    fig2 = _runs({"moon_dpap": [83.0, 84.0, 83.5], "moon_dpap (DP, eq. 5 schedule)": [10.0, 10.2, 9.9]})
+    at_chance, cost = mc.fig2_settled(fig2, [mc.WITH_DP, mc.DP_COST], 120.0, 10.0, 5e4)
+    assert at_chance.verdict is V.NOT_REPRODUCED and "chance" in at_chance.ours and at_chance.scope
+    assert cost.claim == mc.DP_COST and cost.profile == "paper" and cost.scope  # our reading of the DP
+
+
+def test_fdl_fig3_claims_settled_at_paper_are_graded_on_those_runs_alone():
+    """Corrected FDL's claim needs only corrected FDL and FDL at the largest budget (issue 39 step 6)."""
+    from studies.fdl import claims as fdl_claims
+
+    settled = [fdl_claims.CORRECTED]
+    near = _runs({("fdl_corrected", "iid", 1.0): [90.0, 91.0, 90.5], ("fdl", "iid", 1.0): [92.0, 91.5, 92.5]})
+    [f] = fdl_claims.fig3_settled(near, settled, 9.5, 1e-3, 1.0, 0.1)
+    assert f.claim == fdl_claims.CORRECTED and f.verdict is V.REPRODUCED and f.profile == "paper"
+    stuck = _runs({("fdl_corrected", "iid", 1.0): [9.5, 9.6, 9.4], ("fdl", "iid", 1.0): [92.0, 91.5, 92.5]})
+    [g] = fdl_claims.fig3_settled(stuck, settled, 9.5, 1e-3, 1.0, 0.1)
+    assert g.verdict is V.NOT_REPRODUCED and "learns nothing" in g.reason and g.seeds == 3
+    with pytest.raises((KeyError, ValueError)):  # the other claims need their own runs
+        fdl_claims.fig3_settled(near, [fdl_claims.best_claim("iid")], 9.5, 1e-3, 1.0, 0.1)
+
+
+def test_moon_dpap_table1_accuracies_at_20_clients_settle_with_fig1s_runs():
+    from studies.moon_dpap import claims as mc
+    from studies.moon_dpap.settings import PAPER, TABLE1_METHODS
+
+    at20 = _runs({f"{m}|20": [PAPER["table1"][m][2]] * 3 for m in TABLE1_METHODS})
+    [f] = mc.table1_settled(at20, [mc.TABLE1_NUMBERS])
+    assert f.claim == mc.TABLE1_NUMBERS and f.verdict is V.REPRODUCED and f.profile == "paper"
+    with pytest.raises(KeyError, match="10 clients"):
+        mc.table1_settled(at20, [mc.BEST_AT_10])

@@ -192,17 +192,20 @@ def cuda_graphs(restore_kernels):
     set_kernel_options(cuda_graphs=True)
 
 
-@pytest.mark.parametrize("case", ["fedavg", "scaffold", "moon", "moon_dpap", "moon_dpap_record", "ldp_fl"])
+@pytest.mark.parametrize("case", ["fedavg", "scaffold", "moon", "moon_dpap", "moon_dpap_record",
+                                  "moon_dpap_ghost", "ldp_fl"])
 def test_cuda_graphs_equal_cpu_sequential_in_float64(tmp_path, cuda_graphs, case):
     """The replayed step computes the eager step's function: in float64 it agrees with the CPU
     reference to rounding, as the eager vectorized path does (client switches, inactive lanes,
     client states, dropout, central, record-level and local DP)."""
-    if case == "moon_dpap_record":
+    if case in ("moon_dpap_record", "moon_dpap_ghost"):
         cfg = SMALL.replace(algorithm="moon_dpap", dp="record", dp_epsilon_total=50.0, dp_schedule="constant",
                             dropout=0.2, precision="float64")
     else:
         cfg = _config(case, precision="float64")
     cpu = run(cfg, engine="sequential", device="cpu", root=tmp_path / "cpu", progress=False)
+    if case == "moon_dpap_ghost":  # ghost clipping on the GPU against the per-sample path on the CPU
+        cfg = cfg.replace(dp_grad="ghost")
     gpu = run(cfg, engine="vectorized", device="cuda", root=tmp_path / "gpu", progress=False)
     assert gpu.meta["kernels"]["cuda_graphs"] is True
     assert _max_diff(load_model(cpu, tmp_path / "cpu")[1], load_model(gpu, tmp_path / "gpu")[1]) < ATOL64

@@ -109,7 +109,7 @@ def test_local_randomisers_draw_the_same_noise_on_every_path(tmp_path, case):
         assert [h.get("sent_frac") for h in r.history] == [h.get("sent_frac") for h in ref.history]
 
 
-@pytest.mark.parametrize("case", ["moon_dpap_central", "ldp_fl"])
+@pytest.mark.parametrize("case", [pytest.param("moon_dpap_central", marks=pytest.mark.e2e), "ldp_fl"])
 def test_spawned_workers_release_what_forked_ones_do(tmp_path, monkeypatch, case):
     """Where a GPU is visible the parallel path spawns its workers instead of forking them (a fork
     after any backward pass breaks autograd there: :func:`fedlib.engine.worker_start_method`).
@@ -277,3 +277,32 @@ def test_bfloat16_paths_agree_to_bfloat16_tolerance(tmp_path, other):
     _, p_oth = load_model(r_oth, tmp_path / "oth")
     for k in p_seq:
         torch.testing.assert_close(p_seq[k], p_oth[k], atol=2e-3, rtol=0.05)
+
+
+@pytest.mark.parametrize(("algorithm", "changes"), [
+    ("fedavg", {"dropout": 0.3}),
+    ("moon_dpap", {"dp": "central", "dp_epsilon_per_round": 50.0, "dp_clip": 1.0, "prune": True,
+                   "dropout": 0.2}),
+    ("moon_dpap", {"dp": "record", "dp_epsilon_total": 50.0, "dp_schedule": "constant"}),
+    ("moon_dpap", {"dp": "record", "dp_epsilon_total": 50.0, "dp_schedule": "constant", "dp_grad": "ghost"}),
+    ("ldp_fl", {}), ("fdl", {})],
+    ids=["fedavg", "moon_dpap_central", "moon_dpap_record", "moon_dpap_ghost", "ldp_fl", "fdl"])
+def test_no_tensor_is_read_back_between_a_rounds_first_and_last_step(tmp_path, monkeypatch, algorithm,
+                                                                       changes):
+    """Issue 37 item 2: the vectorized path's steps (lane switches included: the clients are unequal)
+    never read a tensor's value into Python, for one run and for a run batch; a step that does is
+    refused."""
+    cfg = SMALL.replace(algorithm=algorithm, model="mlp", client_fraction=1.0, rounds=2, train_samples=320,
+                        test_samples=100, min_client_samples=10, **changes)
+    with engine_mod.no_host_sync():
+        run_many([cfg, cfg.replace(seed=1)], engine="vectorized", root=tmp_path, progress=False)
+        run(cfg.replace(seed=2), engine="vectorized", root=tmp_path, progress=False)
+    # (inside the vmapped client functions vmap itself refuses a read; the engine's own code between
+    # them is what the guard watches)
+    exp = Experiment(cfg.replace(seed=3), torch.device("cpu"))
+    real = engine_mod._batch
+    monkeypatch.setattr(engine_mod, "_batch",
+                        lambda x, y, idx, *a: (float(idx.sum()), real(x, y, idx, *a))[1])  # reads back
+    with engine_mod.no_host_sync(), pytest.raises(engine_mod.HostSync, match="__float__"):
+        exp.round(0, Executor("vectorized", exp.algo, exp.data.x_train, exp.data.y_train))
+    exp.round(0, Executor("vectorized", exp.algo, exp.data.x_train, exp.data.y_train))  # no guard: runs

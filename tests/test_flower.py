@@ -69,7 +69,7 @@ def flower_results(tmp_path_factory):
     return root, dict(zip(CASES, run_flower_many(configs, root=root, cpus=2, progress=False), strict=True))
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", list(CASES))
 def test_flower_gives_the_engines_global_model(name, flower_results, tmp_path):
     root, results = flower_results
@@ -114,6 +114,7 @@ def test_every_algorithm_is_supported_and_float64_is_refused_before_any_work():
     assert main(["run", "--algorithm", "fedavg", "--clients", "3", "--precision", "float64"]) == 2
 
 
+@pytest.mark.e2e
 def test_cli_json_line(capsys, tmp_path, monkeypatch, flower_results):
     """The command loads an existing Flower result (here the fixture's) and prints one JSON line."""
     root, results = flower_results

@@ -35,6 +35,8 @@ CASES = {
                           "client_fraction": 1.0, "rounds": 1},
     "moon_dpap_record": {"algorithm": "moon_dpap", "dp": "record", "dp_epsilon_total": 50.0,
                          "dp_schedule": "constant", "client_fraction": 1.0, "rounds": 1},
+    "moon_dpap_ghost": {"algorithm": "moon_dpap", "dp": "record", "dp_epsilon_total": 50.0,
+                        "dp_grad": "ghost", "dp_schedule": "constant", "client_fraction": 1.0, "rounds": 1},
     "ldp_fl": {"algorithm": "ldp_fl", "model": "mlp", "rounds": 1},
 }
 

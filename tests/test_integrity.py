@@ -133,7 +133,14 @@ def _default_signals() -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize(
+    "sig",
+    [
+        signal.SIGKILL,
+        pytest.param(signal.SIGTERM, marks=pytest.mark.e2e),
+        pytest.param(signal.SIGHUP, marks=pytest.mark.e2e),
+    ],
+)
 def test_parallel_workers_end_with_their_run_whatever_signal_ends_it(sig, tmp_path):
     """kill -9 (or TERM, HUP) of a run on the parallel path leaves no worker behind, and a reader
     of its output (``... | cat``) sees the end of it."""

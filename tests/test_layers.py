@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("fedlib", "studies", "lab")
 #: What each package may import of the project: only the packages below it.
@@ -135,6 +137,7 @@ def test_no_shim_modules():
     assert not shims, shims
 
 
+@pytest.mark.e2e
 def test_every_library_module_imports_alone_without_studies_or_lab():
     """Each module of fedlib is imported first, in a process where ``studies`` and ``lab`` cannot be
     imported (a meta-path finder refuses them); between modules the project's modules are dropped from

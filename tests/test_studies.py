@@ -397,6 +397,12 @@ def test_a_claim_complete_at_paper_is_graded_there_while_its_page_renders_smalle
     assert merged[0] is graded[0] and merged[1] is quick[1]
     with pytest.raises(ValueError, match="not a claim of this page"):
         ledger.upgrade(quick[1:], graded[:1])
+    # Fig. 4's IID run is Table 1's at r = 0.010: its convergence claim is settled by the same runs
+    fig4_runs, fig4_settled = settled_beyond("fdl_fig4", "quick", epsilon=0.5)
+    assert fig4_settled == [fdl_claims.CONVERGES]
+    [converged] = fdl_claims.fig4_settled(fig4_runs, fig4_settled, 0.5)
+    assert converged.verdict is Verdict.REPRODUCED and converged.profile == "paper"  # flat last rounds
+    assert fdl_claims.fig4_settled(fig4_runs, [], 0.5) == []
     ledger.record("fdl_table1", merged, "quick", "FDL", seeds=3, root=tmp_path / "verdicts")
     table = ledger.collect(tmp_path / "verdicts")
     assert list(table["profile"]) == ["paper", "quick"] and list(table["seeds"]) == [3, 3]

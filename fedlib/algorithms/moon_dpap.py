@@ -62,6 +62,7 @@ from fedlib.privacy.accounting import calibrate_rdp, gaussian_sigma, rdp_epsilon
 from fedlib.privacy.central import noisy_one, noisy_sum
 from fedlib.privacy.clipping import clip_by_l2
 from fedlib.privacy.dpsgd import private_grad
+from fedlib.privacy.ghost import private_grad_ghost
 from fedlib.privacy.guarantee import GaussianEvent, Guarantee, Relation
 from fedlib.privacy.noise import StepNoise
 from fedlib.streams import Stream
@@ -117,7 +118,7 @@ class MoonDpap(Moon):
     fields = (*Moon.fields, "cosine_lr", "lr_min", "tau_min", "mu_max", "schedule_ramp", "prune",
               "prune_t_min",
               "prune_t_max", "dp", "dp_epsilon_per_round", "dp_epsilon_total", "dp_schedule", "dp_eps_floor",
-              "dp_clip", "dp_delta", "secure_noise", "randomness")
+              "dp_clip", "dp_delta", "secure_noise", "randomness", "dp_grad")
 
     @classmethod
     def check(cls, config: Config) -> list[str]:
@@ -134,6 +135,14 @@ class MoonDpap(Moon):
         if not 0 <= c.prune_t_min <= c.prune_t_max:
             errs.append("pruning thresholds need 0 <= prune_t_min <= prune_t_max")
         # pragma: no mutate end
+        if c.dp_grad not in ("per_sample", "ghost"):
+            errs.append(f"dp_grad must be per_sample or ghost, got {c.dp_grad!r}")
+        elif c.dp_grad == "ghost" and c.dp != "record":
+            errs.append("dp_grad = ghost is how record-level DP-SGD computes its clipped sum: it needs "
+                        "dp = record")
+        elif c.dp_grad == "ghost" and c.precision == "bfloat16":
+            errs.append("dp_grad = ghost needs precision float32 or float64 (its hooks add float "
+                        "perturbations to the layers' outputs)")
         if c.dp not in DP_MODES:
             errs.append(f"dp must be one of {', '.join(DP_MODES)}, got {c.dp!r}")
         elif c.dp != "none":
@@ -188,8 +197,15 @@ class MoonDpap(Moon):
         if self.config.dp != "record":
             return super().loss_and_grad(params, batch, sstate, cstate, ctx)
         batch = {**batch, **self.frozen_reprs(batch, cstate, ctx)}  # once per batch, not per sample
-        return private_grad(lambda p, b: self.loss(p, b, sstate, cstate, ctx), params, batch,
-                            self.config.dp_clip, float(self.config.batch_size), batch["noise"])
+
+        def loss(p, b):
+            return self.loss(p, b, sstate, cstate, ctx)
+
+        if self.config.dp_grad == "ghost":  # the same clipped sum without per-sample fc gradients
+            return private_grad_ghost(self.model, loss, params, batch, self.config.dp_clip,
+                                      float(self.config.batch_size), batch["noise"])
+        return private_grad(loss, params, batch, self.config.dp_clip, float(self.config.batch_size),
+                            batch["noise"])
 
     # ---- schedules ----------------------------------------------------------------------
     def hyper(self, t: int) -> dict[str, float]:

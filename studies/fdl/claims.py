@@ -48,7 +48,7 @@ def table1(runs: Runs, profile: str, kept: list[float], sent: list[float]) -> li
 
 def table1_settled(runs: Runs, settled: list[str], profile: str = "paper") -> list[Finding]:
     """Table 1's claims in ``settled``, graded on ``runs`` at ``profile`` (the labels those claims need,
-    :func:`studies.common.settled_beyond`), each marked with that profile and its seeds."""
+    :func:`studies.settled.settled_beyond`), each marked with that profile and its seeds."""
     out = []
     for claim in settled:
         if claim == PEAK:
@@ -72,23 +72,25 @@ def savings_at(runs: Runs, r: float, profile: str) -> Finding:
     return Finding(f.claim, ours, f.verdict, f.reason)
 
 
-def fig3(runs: Runs, profile: str, untrained_pct: float, snr: float) -> list[Finding]:
-    rows = []
-    eps = sorted({k[2] for k in runs.results if math.isfinite(k[2])})
-    top, low = eps[-1], eps[0]
-    for part in ("iid", "noniid"):
+#: Fig. 3's claim about corrected FDL.
+CORRECTED = r"FDL keeps its accuracy under a valid $\epsilon$-LDP guarantee (corrected FDL, IID)"
+
+
+def best_claim(part: str) -> str:
+    """Fig. 3's claim that FDL is the best private method, for one partition."""
+    return f"FDL is the best private method as $\\epsilon$ grows ({part})"
+
+
+def _fig3_rules(runs: Runs, profile: str, untrained_pct: float, snr: float, top: float, low: float) -> dict:
+    """Fig. 3's claims, each a function of the runs it needs (``top`` and ``low``: the largest and the
+    smallest budget of the sweep), so that a claim complete at a larger profile is graded on its own
+    runs (:func:`fig3_settled`)."""
+    def best(part: str) -> Finding:
         acc = {m: runs.by_seed((m, part, top)) for m in ("ldp_fl", "signds_fl", "fdl")}
-        best = c.best_of(
-            f"FDL beats LDP-FL and SignDS-FL at the largest budget ({part})", "fdl", acc, profile
-        )
-        rising = c.ordering(
-            f"FDL improves as epsilon grows ({part})",
-            acc["fdl"],
-            runs.by_seed(("fdl", part, low)),
-            profile,
-            f"FDL at eps {top:g} - at eps {low:g}",
-        )
-        found = all_of(f"FDL is the best private method as $\\epsilon$ grows ({part})", [best, rising])
+        found = all_of(best_claim(part), [
+            c.best_of(f"FDL beats LDP-FL and SignDS-FL at the largest budget ({part})", "fdl", acc, profile),
+            c.ordering(f"FDL improves as epsilon grows ({part})", acc["fdl"],
+                       runs.by_seed(("fdl", part, low)), profile, f"FDL at eps {top:g} - at eps {low:g}")])
         # the privacy actually bought: the methods share a nominal epsilon, not a guarantee
         true = {m: runs.results[(m, part, top)][0].history[-1].get("epsilon_spent", math.nan)
                 for m in ("ldp_fl", "signds_fl")}
@@ -98,26 +100,39 @@ def fig3(runs: Runs, profile: str, untrained_pct: float, snr: float) -> list[Fin
         if c.name_of("ldp_fl") in reason and true["ldp_fl"] > 100 * top:
             reason += (f" (whose guarantee is {true['ldp_fl']:.2g}, not {top:g}: the nominal epsilons "
                        "are not the same privacy)")
-        rows.append(c.Finding(found.claim, found.ours + privacy, found.verdict, reason))
-    corr = runs.by_seed(("fdl_corrected", "iid", top))
-    claim = r"FDL keeps its accuracy under a valid $\epsilon$-LDP guarantee (corrected FDL, IID)"
-    if profile == "smoke":
-        rows.append(c.not_evaluated(claim))
-    elif c.at_chance(corr, CHANCE, untrained_pct):
-        rows.append(
-            c.failure(
-                claim,
+        return c.Finding(found.claim, found.ours + privacy, found.verdict, reason)
+
+    def corrected() -> Finding:
+        corr = runs.by_seed(("fdl_corrected", "iid", top))
+        if profile == "smoke":
+            return c.not_evaluated(CORRECTED)
+        if c.at_chance(corr, CHANCE, untrained_pct):
+            return c.failure(
+                CORRECTED,
                 f"corrected FDL {np.mean(corr):.1f} % at eps {top:g} per round; untrained "
                 f"model {untrained_pct:.1f} %",
                 f"a valid eps-LDP FDL learns nothing at these budgets: per reported value the "
                 f"signal-to-noise ratio is {snr:.1e}, so the model stays where it started",
             )
-        )
-    else:
-        rows.append(
-            c.close(claim, corr, runs.by_seed(("fdl", "iid", top)), 5.0, profile, "corrected - as published")
-        )
-    return rows
+        return c.close(CORRECTED, corr, runs.by_seed(("fdl", "iid", top)), 5.0, profile,
+                       "corrected - as published")
+
+    return {best_claim("iid"): lambda: best("iid"), best_claim("noniid"): lambda: best("noniid"),
+            CORRECTED: corrected}
+
+
+def fig3(runs: Runs, profile: str, untrained_pct: float, snr: float) -> list[Finding]:
+    eps = sorted({k[2] for k in runs.results if math.isfinite(k[2])})
+    return [rule() for rule in _fig3_rules(runs, profile, untrained_pct, snr, eps[-1], eps[0]).values()]
+
+
+def fig3_settled(runs: Runs, settled: list[str], untrained_pct: float, snr: float, top: float, low: float,
+                 profile: str = "paper") -> list[Finding]:
+    """Fig. 3's claims in ``settled``, graded on ``runs`` at ``profile`` (with that profile's untrained
+    accuracy and corrected FDL's signal-to-noise ratio), each marked with the profile and its seeds."""
+    rules = _fig3_rules(runs, profile, untrained_pct, snr, top, low)
+    seeds = min((len(rs) for rs in runs.results.values()), default=0)
+    return [c.graded_at(rules[claim](), profile, seeds) for claim in settled]
 
 
 def fig4(runs: Runs, profile: str, epsilon: float, changes: dict) -> list[Finding]:
@@ -144,7 +159,9 @@ def sensitive(changes: dict, profile: str) -> Finding:
 
 def fig4_settled(runs: Runs, settled: list[str], epsilon: float, profile: str = "paper") -> list[Finding]:
     """Fig. 4's claims in ``settled``, graded on ``runs`` at ``profile`` (FDL's runs those claims need,
-    :func:`studies.common.settled_beyond`), each marked with that profile and its seeds."""
+    :func:`studies.settled.settled_beyond`), each marked with that profile and its seeds."""
+    if not settled:
+        return []
     changes = {part: last_change(runs.results[("fdl", part, epsilon)])
                for part in ("iid", "noniid") if ("fdl", part, epsilon) in runs.results}
     rounds = next(iter(runs.results.values()))[0].config.rounds

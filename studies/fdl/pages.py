@@ -217,6 +217,19 @@ def upload_saving(results: Runs, r: float) -> np.ndarray:
     return np.array(out)
 
 
+def fig3_context(profile: str) -> tuple[float, float, float, float]:
+    """What Fig. 3's claims are graded with at ``profile``: the untrained model's accuracy (%),
+    corrected FDL's signal-to-noise ratio per reported value at the largest budget, and the largest
+    and smallest budgets of the sweep."""
+    from fedlib.models import build_model, count_parameters
+    from studies.common import untrained_accuracy
+
+    top, low = max(EPSILONS), min(EPSILONS)
+    corrected = config_for("fdl_corrected", profile, 0, "iid", top)
+    snr = signal_to_noise(corrected, count_parameters(build_model(corrected.model)))["signal / noise"]
+    return untrained_accuracy(config_for("noldp", profile, 0, "iid")), snr, top, low
+
+
 def signal_to_noise(config, dims: int) -> dict[str, float]:
     """Why corrected FDL and SignDS-FL move the model so little: per coordinate and round, the
     largest update a client can report against the noise it carries (corrected FDL: values in

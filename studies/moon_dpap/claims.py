@@ -35,83 +35,113 @@ NAMES = {k: c.METHOD_NAMES[k]
          for k in ("fedavg", "fedprox", "scaffold", "feddyn", "moon", "ditto", "moon_dpap")}
 
 
+#: Fig. 1's and Fig. 2's claims about their runs.
+REACHES = "MOON-DPAP reaches 83.6 % accuracy (loss 0.44)"
+BEST = "MOON-DPAP is the best of the six methods"
+ABOVE_FEDAVG = "MOON-DPAP is 4.7 points above FedAvg"
+MOON_CLOSE = "MOON is close to FedAvg"
+SCAFFOLD_LOW = "SCAFFOLD is much lower than the others (5+ points below their mean)"
+WITH_DP = "with DP MOON-DPAP ends at 77 % accuracy (loss 0.71)"
+DP_COST = "DP costs about 6.6 points (83.6 → 77 %)"
+#: Fig. 2's DP rows hold under the study's reading of the unspecified mechanism only.
+FIG2_READING = c.our_reading("client-level DP on the clipped update, epsilon_0 = 1 per round, 20 clients")
+
+
+def _fig1_rules(runs: Runs, profile: str) -> dict:
+    """Fig. 1's claims, each a function of the runs it needs (so that a claim whose runs are complete at
+    a larger profile can be graded on them alone, :func:`fig1_settled`)."""
+    acc = {m: runs.by_seed(m) for m in FIG1_METHODS if m in runs.results}
+
+    def every() -> dict:
+        """All six methods: a claim about all of them is not graded on some."""
+        missing = [m for m in FIG1_METHODS if m not in acc]
+        if missing:
+            raise KeyError(f"no runs of {missing}")
+        return acc
+
+    def scaffold_low() -> Finding:
+        others = np.mean([every()[m] for m in FIG1_METHODS if m != "scaffold"], axis=0)
+        return c.ordering(SCAFFOLD_LOW, others - 5.0, acc["scaffold"], profile, "others' mean - 5 - SCAFFOLD",
+                          cut=cut(profile))  # the others' mean includes MOON-DPAP
+
+    return {
+        REACHES: lambda: c.number(REACHES, PAPER["fig1"]["moon_dpap"][0], acc["moon_dpap"], profile,
+                                  ACC_TOLERANCE),
+        BEST: lambda: c.best_of(BEST, "moon_dpap", every(), profile, cut=cut(profile)),
+        ABOVE_FEDAVG: lambda: c.gap(ABOVE_FEDAVG, PAPER["fig1"]["fedavg_gap"], acc["moon_dpap"],
+                                    acc["fedavg"], profile, ACC_TOLERANCE, cut=cut(profile)),
+        MOON_CLOSE: lambda: c.close(MOON_CLOSE, acc["moon"], acc["fedavg"], CLOSE_MARGIN, profile,
+                                    "MOON - FedAvg", inert_reason=MOON_INERT),
+        SCAFFOLD_LOW: scaffold_low,
+    }
+
+
 def fig1(runs: Runs, profile: str, personal_acc: float) -> list[Finding]:
-    acc = {m: runs.by_seed(m) for m in FIG1_METHODS}
-    others = np.mean([acc[m] for m in FIG1_METHODS if m != "scaffold"], axis=0)
-    return [
-        c.number(
-            "MOON-DPAP reaches 83.6 % accuracy (loss 0.44)",
-            PAPER["fig1"]["moon_dpap"][0],
-            acc["moon_dpap"],
-            profile,
-            ACC_TOLERANCE,
-        ),
-        c.best_of("MOON-DPAP is the best of the six methods", "moon_dpap", acc, profile, cut=cut(profile)),
-        c.gap(
-            "MOON-DPAP is 4.7 points above FedAvg",
-            PAPER["fig1"]["fedavg_gap"],
-            acc["moon_dpap"],
-            acc["fedavg"],
-            profile,
-            ACC_TOLERANCE,
-            cut=cut(profile),
-        ),
-        c.close(
-            "MOON is close to FedAvg", acc["moon"], acc["fedavg"], CLOSE_MARGIN, profile, "MOON - FedAvg",
-            inert_reason=MOON_INERT,
-        ),
-        c.sanity(
-            "Ditto is close to FedAvg",
-            f"global model identical to FedAvg's; personalised accuracy {personal_acc:.1f} %",
-            "Ditto's global model trains exactly as FedAvg's, so it equals FedAvg by construction; "
-            "its personal models are the informative number",
-        ),
-        c.ordering(
-            "SCAFFOLD is much lower than the others (5+ points below their mean)",
-            others - 5.0,
-            acc["scaffold"],
-            profile,
-            "others' mean - 5 - SCAFFOLD",
-            cut=cut(profile),  # the others' mean includes MOON-DPAP
-        ),
-    ]
+    rules = _fig1_rules(runs, profile)
+    ditto = c.sanity(
+        "Ditto is close to FedAvg",
+        f"global model identical to FedAvg's; personalised accuracy {personal_acc:.1f} %",
+        "Ditto's global model trains exactly as FedAvg's, so it equals FedAvg by construction; "
+        "its personal models are the informative number",
+    )
+    return [rules[REACHES](), rules[BEST](), rules[ABOVE_FEDAVG](), rules[MOON_CLOSE](), ditto,
+            rules[SCAFFOLD_LOW]()]
+
+
+def fig1_settled(runs: Runs, settled: list[str], profile: str = "paper") -> list[Finding]:
+    """Fig. 1's claims in ``settled``, graded on ``runs`` at ``profile`` (the labels those claims need,
+    :func:`studies.settled.settled_beyond`), each marked with that profile and its seeds."""
+    rules = _fig1_rules(runs, profile)
+    seeds = min((len(rs) for rs in runs.results.values()), default=0)
+    return [c.graded_at(rules[claim](), profile, seeds) for claim in settled]
+
+
+def _fig2_rules(runs: Runs, profile: str, eps_total: float, untrained_pct: float, noise_ratio: float) -> dict:
+    """Fig. 2's claims, each a function of the runs it needs (see :func:`_fig1_rules`); ``eps_total``,
+    ``untrained_pct`` and ``noise_ratio`` describe the DP run of ``profile``."""
+    def with_dp() -> Finding:
+        dp = runs.by_seed("moon_dpap (DP, eq. 5 schedule)")
+        if profile == "smoke":
+            first = c.not_evaluated(WITH_DP)
+        elif c.at_chance(dp, CHANCE, untrained_pct):
+            first = c.failure(
+                WITH_DP,
+                f"{np.mean(dp):.1f} % (chance {CHANCE:g} %), epsilon {eps_total:.2f} "
+                "(delta 1e-5, replace one client)",
+                f"client-level DP at epsilon_0 = 1 with 20 clients drowns the signal: the noise on the "
+                f"sum is about {noise_ratio:,.0f} times the largest clipped update sum, and the model "
+                "ends at chance",
+            )
+        else:
+            first = c.number(WITH_DP, PAPER["fig2"]["dp"][0], dp, profile, ACC_TOLERANCE)
+        return c.about(first, FIG2_READING)
+
+    def reachable(reading: str, name: str) -> Finding:
+        by_eps = {label[1]: runs.by_seed(label) for label in runs.results
+                  if isinstance(label, tuple) and len(label) == 2 and label[0] == reading}
+        return c.reachable(readable_claim(name), PAPER["fig2"]["dp"][0], by_eps, profile, ACC_TOLERANCE)
+
+    def cost() -> Finding:
+        clean, dp = runs.by_seed("moon_dpap"), runs.by_seed("moon_dpap (DP, eq. 5 schedule)")
+        return c.about(c.gap(DP_COST, 6.6, clean, dp, profile, 3.0, cut=cut(profile)), FIG2_READING)
+
+    return {WITH_DP: with_dp, readable_claim("client-level"): lambda: reachable("client", "client-level"),
+            readable_claim("record-level"): lambda: reachable("record", "record-level"), DP_COST: cost}
+
+
+def readable_claim(name: str) -> str:
+    """Fig. 2's claim that 77 % is reached at a meaningful epsilon under one reading of its DP."""
+    return f"77 % under DP at a meaningful epsilon (<= {c.MEANINGFUL_EPSILON:g}), if the DP is {name}"
 
 
 def fig2(
     runs: Runs, profile: str, eps_total: float, untrained_pct: float, noise_ratio: float
 ) -> list[Finding]:
-    clean = runs.by_seed("moon_dpap")
-    dp = runs.by_seed("moon_dpap (DP, eq. 5 schedule)")
-    claim = "with DP MOON-DPAP ends at 77 % accuracy (loss 0.71)"
-    if profile == "smoke":
-        first = c.not_evaluated(claim)
-    elif c.at_chance(dp, CHANCE, untrained_pct):
-        first = c.failure(
-            claim,
-            f"{np.mean(dp):.1f} % (chance {CHANCE:g} %), epsilon {eps_total:.2f} "
-            "(delta 1e-5, replace one client)",
-            f"client-level DP at epsilon_0 = 1 with 20 clients drowns the signal: the noise on the "
-            f"sum is about {noise_ratio:,.0f} times the largest clipped update sum, and the model "
-            "ends at chance",
-        )
-    else:
-        first = c.number(claim, PAPER["fig2"]["dp"][0], dp, profile, ACC_TOLERANCE)
-    readings = []
-    for reading, name in (("client", "client-level"), ("record", "record-level")):
-        by_eps = {label[1]: runs.by_seed(label) for label in runs.results
-                  if isinstance(label, tuple) and len(label) == 2 and label[0] == reading}
-        readings.append(c.reachable(
-            f"77 % under DP at a meaningful epsilon (<= {c.MEANINGFUL_EPSILON:g}), if the DP is {name}",
-            PAPER["fig2"]["dp"][0], by_eps, profile, ACC_TOLERANCE))
-    # the paper gives no epsilon_0, clip norm, neighbouring relation or level of DP: these two rows
-    # hold under the study's reading only (the privacy-accuracy page tries the other readings)
-    reading = c.our_reading("client-level DP on the clipped update, epsilon_0 = 1 per round, "
-                            "20 clients")
-    cost = c.gap("DP costs about 6.6 points (83.6 → 77 %)", 6.6, clean, dp, profile, 3.0, cut=cut(profile))
+    # the paper gives no epsilon_0, clip norm, neighbouring relation or level of DP: the first and the
+    # cost rows hold under the study's reading only (the privacy-accuracy page tries the other readings)
+    rules = _fig2_rules(runs, profile, eps_total, untrained_pct, noise_ratio)
     return [
-        c.about(first, reading),
-        *readings,
-        c.about(cost, reading),
+        *(rule() for rule in rules.values()),
         c.not_testable(
             "the privacy guarantee of the DP curve",
             f"our epsilon_0 = 1 per round composes to epsilon = {eps_total:.2f} (delta 1e-5, replace "
@@ -121,27 +151,52 @@ def fig2(
     ]
 
 
+def fig2_settled(runs: Runs, settled: list[str], eps_total: float, untrained_pct: float, noise_ratio: float,
+                 profile: str = "paper") -> list[Finding]:
+    """Fig. 2's claims in ``settled``, graded on ``runs`` at ``profile`` with that profile's DP run's
+    ``eps_total``, ``untrained_pct`` and ``noise_ratio``, each marked with the profile and its seeds."""
+    rules = _fig2_rules(runs, profile, eps_total, untrained_pct, noise_ratio)
+    seeds = min((len(rs) for rs in runs.results.values()), default=0)
+    return [c.graded_at(rules[claim](), profile, seeds) for claim in settled]
+
+
+#: Table 1's claims about its runs.
+FEWER_CLIENTS = "every method is more accurate with 10 clients than with 20"
+BEST_AT_10 = "MOON-DPAP is the best method with 10 clients (with 20: Fig. 1's claim, the same runs)"
+TABLE1_NUMBERS = "Table 1's accuracies at 20 clients (40-59 %)"
+
+
+def _table1_rules(runs: Runs, profile: str) -> dict:
+    """Table 1's claims, each a function of the runs it needs (see :func:`_fig1_rules`)."""
+    def acc(m: str, n: int):
+        if f"{m}|{n}" not in runs.results:
+            raise KeyError(f"no runs of {m} with {n} clients")
+        return runs.by_seed(f"{m}|{n}")
+
+    def fewer() -> Finding:
+        return all_of(FEWER_CLIENTS, [
+            c.ordering(f"{NAMES[m]}: 10 clients beat 20", acc(m, 10), acc(m, 20), profile,
+                       f"{NAMES[m]} 10 - 20", cut=cut(profile) if m == "moon_dpap" else None)
+            for m in TABLE1_METHODS])
+
+    def best() -> Finding:
+        # with 20 clients these are Fig. 1's runs, whose "best of the six" claim is counted there once
+        f = c.best_of("MOON-DPAP is the best with 10 clients", "moon_dpap",
+                      {m: acc(m, 10) for m in TABLE1_METHODS}, profile, cut=cut(profile))
+        return Finding(BEST_AT_10, f.ours, f.verdict, f.reason)
+
+    def numbers() -> Finding:
+        return all_of(TABLE1_NUMBERS, [
+            c.number(f"{NAMES[m]} at 20 clients", PAPER["table1"][m][2], acc(m, 20), profile, ACC_TOLERANCE)
+            for m in TABLE1_METHODS])
+
+    return {FEWER_CLIENTS: fewer, BEST_AT_10: best, TABLE1_NUMBERS: numbers}
+
+
 def table1(runs: Runs, profile: str) -> list[Finding]:
-    acc = {(m, n): runs.by_seed(f"{m}|{n}") for m in TABLE1_METHODS for n in (10, 20)}
-    fewer = [
-        c.ordering(
-            f"{NAMES[m]}: 10 clients beat 20", acc[(m, 10)], acc[(m, 20)], profile, f"{NAMES[m]} 10 - 20",
-            cut=cut(profile) if m == "moon_dpap" else None,
-        )
-        for m in TABLE1_METHODS
-    ]
-    # with 20 clients these are Fig. 1's runs, whose "best of the six" claim is counted there once
-    best = c.best_of("MOON-DPAP is the best with 10 clients", "moon_dpap",
-                     {m: acc[(m, 10)] for m in TABLE1_METHODS}, profile, cut=cut(profile))
-    numbers = [
-        c.number(f"{NAMES[m]} at 20 clients", PAPER["table1"][m][2], acc[(m, 20)], profile, ACC_TOLERANCE)
-        for m in TABLE1_METHODS
-    ]
+    rules = _table1_rules(runs, profile)
     return [
-        all_of("every method is more accurate with 10 clients than with 20", fewer),
-        Finding("MOON-DPAP is the best method with 10 clients (with 20: Fig. 1's claim, the same runs)",
-                best.ours, best.verdict, best.reason),
-        all_of("Table 1's accuracies at 20 clients (40-59 %)", numbers),
+        *(rule() for rule in rules.values()),
         c.not_testable(
             "Table 1 and Fig. 1 describe the same setting",
             "Table 1: 58.60 % for MOON-DPAP at 20 clients; Fig. 1: 83.6 %",
@@ -149,6 +204,14 @@ def table1(runs: Runs, profile: str) -> list[Finding]:
             "(rounds, data, partition), so Table 1's setting cannot be rebuilt",
         ),
     ]
+
+
+def table1_settled(runs: Runs, settled: list[str], profile: str = "paper") -> list[Finding]:
+    """Table 1's claims in ``settled``, graded on ``runs`` at ``profile``, each marked with the profile
+    and its seeds (Table 2's claims need every variant, so they settle with the whole page)."""
+    rules = _table1_rules(runs, profile)
+    seeds = min((len(rs) for rs in runs.results.values()), default=0)
+    return [c.graded_at(rules[claim](), profile, seeds) for claim in settled]
 
 
 ABLATION_NAMES = {k: c.METHOD_NAMES[k]
