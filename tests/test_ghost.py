@@ -162,3 +162,22 @@ def test_a_ghost_run_trains_the_model_of_the_per_sample_run(tmp_path, engine):
     assert max(float((p[k] - p_ref[k]).abs().max()) for k in p_ref) < 1e-10
     assert ghost.history[-1]["epsilon_spent"] == ref.history[-1]["epsilon_spent"]
     assert ghost.config.key() != ref.config.key() and ghost.config.noise_key() == ref.config.noise_key()
+
+
+def test_the_shape_cache_forgets_a_freed_model():
+    """Regression: the layer-shape cache was keyed on ``id(model)``, which a new model reused after the
+    old one was freed (a McMahan CNN got the MOON-DPAP CNN's shapes on CI). It is keyed on the model
+    itself, weakly, and on the parameter and batch shapes."""
+    import gc
+
+    from fedlib.privacy import ghost
+
+    for name in ("cnn", "mcmahan_cnn", "cnn"):
+        model, params, batch, loss = _setup(name)
+        ref, _ = _reference(loss, params, batch, 1.0)
+        got, _, _ = ghost_clipped_sum(model, loss, params, batch, 1.0, batch["w"])
+        assert _rel(got, ref) < 1e-10
+        assert model in ghost._SHAPES
+        del model, params, batch, loss
+        gc.collect()
+        assert len(ghost._SHAPES) == 0

@@ -26,6 +26,7 @@ relative) with the same privacy argument: each sample's contribution ``c_b g_b a
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -36,7 +37,9 @@ from torch.func import grad_and_value
 Params = dict[str, torch.Tensor]
 SUPPORTED = (nn.Linear, nn.Conv2d)
 
-_SHAPES: dict[tuple, dict[str, tuple[int, ...]]] = {}  # output shapes per (model, input shape)
+#: model -> {(layers, parameter and batch shapes): each layer's output shape}; weak, so a freed model's
+#: entry goes with it (an ``id()`` key was reused by the next model and returned stale shapes)
+_SHAPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def layers_of(model: nn.Module, params: Params) -> dict[str, nn.Module]:
@@ -67,8 +70,10 @@ def _output_shapes(model: nn.Module, layers: dict[str, nn.Module], loss: Callabl
                    batch: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
     """Each layer's output shape in ``loss(params, batch)``: the loss evaluated once on the meta device
     (no arithmetic) per model and batch shape; inside ``vmap`` the shapes are the per-client ones."""
-    key = (id(model), tuple(layers), tuple((k, tuple(v.shape), v.dtype) for k, v in batch.items()))
-    if key not in _SHAPES:
+    key = (tuple(layers), tuple((k, tuple(v.shape)) for k, v in params.items()),
+           tuple((k, tuple(v.shape), v.dtype) for k, v in batch.items()))
+    cache = _SHAPES.setdefault(model, {})
+    if key not in cache:
         shapes: dict[str, tuple[int, ...]] = {}
 
         def record(name, inputs, output):
@@ -83,8 +88,8 @@ def _output_shapes(model: nn.Module, layers: dict[str, nn.Module], loss: Callabl
         finally:
             for h in handles:
                 h.remove()
-        _SHAPES[key] = shapes
-    return _SHAPES[key]
+        cache[key] = shapes
+    return cache[key]
 
 
 def _per_sample_conv(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
