@@ -36,6 +36,12 @@ def per_sample_grads(loss_one: Callable[[Params, dict], torch.Tensor], params: P
     return vmap(grad_and_value(one), in_dims=(None, 0))(params, batch)
 
 
+def clip_scale(norms: torch.Tensor, clip: float, weight: torch.Tensor) -> torch.Tensor:
+    """Each sample's factor in the clipped sum: ``weight_b * min(1, C / ||g_b||)`` (one definition for
+    the per-sample path and ghost clipping, :mod:`fedlib.privacy.ghost`)."""
+    return weight * torch.where(norms > clip, clip / norms.clamp_min(clip), torch.ones_like(norms))
+
+
 def clip_per_sample(grads: Params, clip: float, weight: torch.Tensor) -> tuple[Params, torch.Tensor]:
     """``sum_b weight_b * clip(g_b, C)`` (weight 0 drops padding; a per-sample gradient with a NaN
     or infinite coordinate is zeroed first, so the sum's sensitivity stays C) and each sample's norm
@@ -46,7 +52,7 @@ def clip_per_sample(grads: Params, clip: float, weight: torch.Tensor) -> tuple[P
              for k, g in grads.items()}  # a non-finite per-sample gradient counts as zero
     per_tensor = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads.values()], dim=1)
     norms = torch.linalg.vector_norm(per_tensor, dim=1).to(weight.dtype)
-    scale = weight * torch.where(norms > clip, clip / norms.clamp_min(clip), torch.ones_like(norms))
+    scale = clip_scale(norms, clip, weight)
     return {k: torch.tensordot(scale.to(g.dtype), g, dims=1) for k, g in grads.items()}, norms
 
 

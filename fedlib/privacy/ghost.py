@@ -34,6 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import grad_and_value
 
+from fedlib.privacy.dpsgd import clip_scale
+
 Params = dict[str, torch.Tensor]
 SUPPORTED = (nn.Linear, nn.Conv2d)
 
@@ -169,8 +171,7 @@ def ghost_clipped_sum(model: nn.Module, loss: Callable[[Params, dict], torch.Ten
     finite = torch.isfinite(per_tensor).all(1)
     total_norm = torch.linalg.vector_norm(torch.where(finite[:, None], per_tensor, 0.0), dim=1)
     total_norm = total_norm.to(weight.dtype)
-    scale = weight * torch.where(total_norm > clip, clip / total_norm.clamp_min(clip),
-                                 torch.ones_like(total_norm))
+    scale = clip_scale(total_norm, clip, weight)
 
     def rows(x: torch.Tensor) -> torch.Tensor:  # zero the samples that count as zero (0 * inf is NaN)
         return torch.where(finite.view(-1, *([1] * (x.dim() - 1))), x, torch.zeros_like(x))
