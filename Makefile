@@ -98,7 +98,7 @@ paper: $(DATA_STAMP)
 # What an offline GPU node lacks (wheels, gzipped datasets), into .whl/ and .gpudata/ (git-ignored);
 # on the node: bash tools/gpu-slice.sh MINUTES OUTDIR.
 gpu-bundle: $(DATA_STAMP)
-	$(PY) -m lab.gpu_bundle
+	$(PY) -m lab.gpu_bundle $(if $(DATASETS),--datasets $(DATASETS))
 
 bench: $(DATA_STAMP)
 	$(PY) -m lab.bench --json --save

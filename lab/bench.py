@@ -531,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cudnn-autotune", action=argparse.BooleanOptionalAction, default=None,
                    help="cuDNN autotuning among deterministic algorithms (default: off)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
-                   help="replay the vectorized path's step as a CUDA graph (fedlib.graphs; default: off)")
+                   help="replay the vectorized path's step as a CUDA graph (fedlib.graphs; default: on, "
+                        "fedlib.kernels; --no-cuda-graphs times the eager step)")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     p.add_argument("--save", action="store_true", help="write the result with provenance under data/bench/")
     args = p.parse_args(argv)

@@ -117,7 +117,7 @@ def slice_(minutes: float, out: Path, profile: str = "paper", pages: list[str] |
     CUDA default; each result records it in ``meta.kernels``)."""
     from lab import campaign
     from lab.bench import bench_dir
-    from lab.gpu_bundle import DATA_BUNDLE, unpack_data
+    from lab.gpu_bundle import DATA_BUNDLE, carried_datasets, unpack_data
 
     start = time.time()
     deadline = start + 60 * minutes
@@ -135,10 +135,15 @@ def slice_(minutes: float, out: Path, profile: str = "paper", pages: list[str] |
     from fedlib import data as data_mod
 
     bundle = Path(data_bundle or DATA_BUNDLE)
-    if bundle.is_dir():
+    # A bundle may carry one dataset only (the node takes 64 MiB per command): the other is left
+    # alone here, and a page that needs it fails in the campaign with the fetch's own error.
+    carried = carried_datasets(bundle)
+    if carried is not None:
         unpack_data(bundle)
     for name in ("fashionmnist", "mnist"):
-        data_mod.fetch(name)
+        if carried is None or name in carried:
+            data_mod.fetch(name)
+    summary["datasets"] = sorted(carried) if carried is not None else ["fashionmnist", "mnist"]
     root = results_dir()
     before = result_files(root)
 
@@ -223,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"minutes kept for packing (default {MARGIN_MIN})")
     p.add_argument("--allow-cpu", action="store_true", help="run on a machine without a GPU (for the tests)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
-    p.add_argument("--data-bundle", type=Path, default=None, help="gzipped datasets (default: .gpudata/)")
+    p.add_argument("--data-bundle", type=Path, default=None, help="compressed datasets (default: .gpudata/)")
     args = p.parse_args(argv)
     if not args.minutes > 0:
         p.error("MINUTES must be > 0")

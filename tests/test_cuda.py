@@ -197,13 +197,18 @@ def cuda_graphs(restore_kernels):
 def test_cuda_graphs_equal_cpu_sequential_in_float64(tmp_path, cuda_graphs, case):
     """The replayed step computes the eager step's function: in float64 it agrees with the CPU
     reference to rounding, as the eager vectorized path does (client switches, inactive lanes,
-    client states, dropout, central, record-level and local DP)."""
+    client states, dropout, central, record-level and local DP). Record-level DP-SGD draws its noise
+    with a generator on the run's device (fedlib.privacy.noise.StepNoise), so a GPU adds other noise
+    than a CPU: its reference is the sequential path on the GPU (eager, the per-sample clip)."""
+    reference_device = "cpu"
     if case in ("moon_dpap_record", "moon_dpap_ghost"):
         cfg = SMALL.replace(algorithm="moon_dpap", dp="record", dp_epsilon_total=50.0, dp_schedule="constant",
                             dropout=0.2, precision="float64")
+        reference_device = "cuda"
     else:
         cfg = _config(case, precision="float64")
-    cpu = run(cfg, engine="sequential", device="cpu", root=tmp_path / "cpu", progress=False)
+    cpu = run(cfg, engine="sequential", device=reference_device, root=tmp_path / "cpu", progress=False)
+    assert cpu.meta["engine"] == "sequential" and cpu.meta["device"].startswith(reference_device)
     if case == "moon_dpap_ghost":  # ghost clipping on the GPU against the per-sample path on the CPU
         cfg = cfg.replace(dp_grad="ghost")
     gpu = run(cfg, engine="vectorized", device="cuda", root=tmp_path / "gpu", progress=False)

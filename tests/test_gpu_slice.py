@@ -13,21 +13,22 @@ import pytest
 
 from fedlib.results import REPO_ROOT
 from lab import campaign
-from lab.gpu_bundle import bundle_data, unpack_data
+from lab.gpu_bundle import bundle_data, carried_datasets, unpack_data
 
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    """What make gpu-bundle carries besides the wheels: the gzipped IDX files."""
+    """What make gpu-bundle carries besides the wheels: the compressed IDX files (lzma's fastest
+    level: the format is what the node reads, the level only trades size for time)."""
     out = tmp_path_factory.mktemp("gpudata")
-    bundle_data(out)
+    bundle_data(out, preset=0)
     return out
 
 
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_gpu_slice_runs_end_to_end_and_its_results_unpack(tmp_path, bundle):
-    assert len(list(bundle.glob("*/*.gz"))) == 8
+    assert len(list(bundle.glob("*/*.xz"))) == 8
     out = tmp_path / "out"
     env = {**os.environ, "PYTHON": sys.executable, "FEDLIB_DATA_DIR": str(tmp_path / "raw"),
            "FEDLIB_RESULTS_DIR": str(tmp_path / "node" / "results"),
@@ -108,6 +109,31 @@ def test_unpack_data_restores_the_idx_files(tmp_path, bundle):
     assert len(restored) == 8
     for f in restored:
         assert f.read_bytes() == (data_dir() / f.relative_to(tmp_path / "raw")).read_bytes()
+
+
+def test_a_bundle_of_one_dataset_replaces_what_was_there_and_unpacks(tmp_path, bundle):
+    """Both datasets do not fit beside the repository in what one command carries: a bundle of one
+    removes the other dataset's files and an older bundle's gzipped ones, the slice fetches only the
+    one it carries, and older gzipped bundles still unpack."""
+    import gzip
+    import shutil
+
+    out = tmp_path / "gpudata"
+    shutil.copytree(bundle, out)
+    legacy = out / "MNIST" / "t10k-labels-idx1-ubyte.gz"
+    with open(out / "MNIST" / "t10k-labels-idx1-ubyte.xz", "rb") as f:
+        import lzma
+
+        legacy.write_bytes(gzip.compress(lzma.decompress(f.read())))
+    assert carried_datasets(out) == {"fashionmnist", "mnist"}
+    restored = unpack_data(out, tmp_path / "raw")
+    assert len(restored) == 9 and len(set(restored)) == 8  # the .gz and the .xz give the same file
+    files = bundle_data(out, datasets=["mnist"], preset=0)
+    assert sorted(p.relative_to(out).parts[0] for p in out.glob("*/*")) == ["MNIST"] * 4
+    assert sorted(files) == sorted(out.glob("*/*")) and carried_datasets(out) == {"mnist"}
+    assert carried_datasets(tmp_path / "absent") is None
+    with pytest.raises(ValueError, match="unknown datasets"):
+        bundle_data(out, datasets=["cifar10"])
 
 
 def test_what_the_node_leaves_out_exists():

@@ -2,7 +2,7 @@
 # One slice of the paper campaign on an offline GPU node (see lab/gpu_slice.py):
 #   bash tools/gpu-slice.sh MINUTES OUTDIR [--profile paper] [--pages 'moon_dpap_*'] [--tests gpu|all|none] ...
 # Needs what `make gpu-bundle` wrote on a connected machine: .whl/ (wheels the node lacks) and
-# .gpudata/ (the gzipped datasets). Uses the node's own torch; installs nothing from the network.
+# .gpudata/ (the compressed datasets; one of them fits beside the repository). Uses the node's own torch; installs nothing from the network.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
