@@ -597,3 +597,48 @@ def test_signds_moves_each_top_coordinate_with_the_update():
     assert stats["nu_mean"] == 5.0
     sent = out["mask"]
     assert (torch.sign(out["values"][sent]) == torch.sign(upd[sent])).all()
+
+
+#: Committed quick results of the three local-DP randomisers' paths (LDP-FL's two-point draws; FDL as
+#: published: Gumbel selection and continuous Laplace values; corrected FDL: Gumbel-top-k and discrete
+#: Laplace values), each trained on a CPU through the parallel path, and the rounds compared (None: all).
+#: FDL as published is chaotic: its filter ``|v| > r`` and its ``th`` depend on the update, so a last-bit
+#: difference changes which dimensions are kept and shifts every later draw. Its committed quick results
+#: come from commit 0c367d8; later commits (3bf0522, the pure inverse-CDF Gumbel and the strict filter)
+#: changed its rounding, so today's code agrees with them for two rounds (to 1e-7) and then drifts
+#: (3.9 points after 20 rounds), a different sample of the same mechanism. Retraining them is left to a
+#: free CPU (issue 37's note).
+COMMITTED_LOCAL_DP = [("ldp_fl-aad61c49b8e61cfd.json", None), ("fdl-03cddd3c0dd54135.json", 2),
+                      ("fdl-feee4c445d5108f1.json", None)]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.parametrize(("name", "rounds"), COMMITTED_LOCAL_DP)
+def test_committed_local_dp_results_reproduce_on_a_cpu(tmp_path, name, rounds):
+    """The local-DP draws keep their CPU streams (issue 37: a GPU draws on the device, a CPU as
+    before): a committed result re-run on this CPU gives the same history. Not bit for bit across
+    machines: another CPU's float32 sums round in another order (about 1e-7 relative per step, a loss
+    difference of 1e-7 after 20 rounds here), which may flip a prediction on the decision boundary; so
+    accuracies agree within 3 test samples and losses within 1e-4 relative. A different noise stream
+    (the next seed) moves them by far more, checked on the same rounds so that the test can fail."""
+    from fedlib import run
+    from fedlib.results import REPO_ROOT, Result
+
+    committed = Result.load(REPO_ROOT / "data" / "results" / name)
+    engine = committed.meta["engine"]
+    again = run(committed.config, engine=engine, device="cpu", root=tmp_path, progress=False)
+    n_test = committed.meta["test_samples"]
+
+    def gaps(a, b):
+        pairs = list(zip(a, b, strict=True))[:rounds]
+        acc = max(abs(x["test_acc"] - y["test_acc"]) for x, y in pairs)
+        loss = max(abs(x["test_loss"] / y["test_loss"] - 1) for x, y in pairs)
+        return acc, loss
+
+    acc, loss = gaps(again.history, committed.history)
+    assert acc <= 3 / n_test and loss <= 1e-4, (name, acc, loss)
+    other = run(committed.config.replace(seed=committed.config.seed + 1), engine=engine, device="cpu",
+                root=tmp_path / "other", progress=False)
+    acc_o, loss_o = gaps(other.history, committed.history)
+    assert acc_o > 3 / n_test or loss_o > 1e-4

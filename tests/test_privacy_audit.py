@@ -230,8 +230,8 @@ MUTATIONS = {
     "ldp_fl: twice the budget": (
         "ldp_fl_coordinate",
         ldp_fl,
-        "c.ldp_fl_epsilon_per_coordinate, generator_for(*seed)",
-        "2 * c.ldp_fl_epsilon_per_coordinate, generator_for(*seed)",
+        "c.ldp_fl_epsilon_per_coordinate, g)",
+        "2 * c.ldp_fl_epsilon_per_coordinate, g)",
     ),
     "signds_fl: twice the budget": (
         "signds_selection",

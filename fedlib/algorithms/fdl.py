@@ -75,7 +75,7 @@ class Fdl(SparseUpload):
 
     def encode(self, flat: torch.Tensor, seed: tuple[int, ...]) -> tuple[dict[str, torch.Tensor], dict]:
         if self.config.fdl_mode == "as_published":
-            return self._as_published(flat, generator_for(*seed))
+            return self._as_published(flat, generator_for(*seed, device=flat.device))
         return self._corrected(flat, seed)
 
     def _as_published(self, flat: torch.Tensor, g: torch.Generator) -> tuple[dict[str, torch.Tensor], dict]:
@@ -105,7 +105,8 @@ class Fdl(SparseUpload):
         eps_sel, eps_val = self.split()
         v = flat.clamp(-c.ldp_clip, c.ldp_clip) / c.ldp_clip
         u = (v.abs() / c.fdl_r).clamp(max=1.0) if c.fdl_r > 0 else v.abs()
-        idx = exponential_top_k(u, self.selection_epsilon_per_draw(k), k, generator_for(*seed))
+        g = generator_for(*seed, device=flat.device)
+        idx = exponential_top_k(u, self.selection_epsilon_per_draw(k), k, g)
         mask = mask_of(idx, v.shape[1])
         values, _ = discrete_laplace_values(v, mask, self.values_l1_sensitivity(k), eps_val, rng_for(*seed))
         return {"mask": mask, "values": values,

@@ -32,7 +32,8 @@ class LdpFl(SparseUpload):
 
     def encode(self, flat: torch.Tensor, seed: tuple[int, ...]) -> tuple[dict[str, torch.Tensor], dict]:
         c = self.config
-        values = two_point(flat, 0.0, c.ldp_clip, c.ldp_fl_epsilon_per_coordinate, generator_for(*seed))
+        g = generator_for(*seed, device=flat.device)  # drawn where the update is (a GPU: its own stream)
+        values = two_point(flat, 0.0, c.ldp_clip, c.ldp_fl_epsilon_per_coordinate, g)
         return {"mask": torch.ones_like(flat, dtype=torch.bool), "values": values}, {}
 
     # pragma: no mutate start (bytes on the wire: bookkeeping)

@@ -48,8 +48,10 @@ def gumbel_from_uniform(u: torch.Tensor) -> torch.Tensor:
 
 def gumbel(shape: tuple[int, ...], generator: torch.Generator, device=None) -> torch.Tensor:
     """Standard Gumbel noise in float64 from 53-bit uniforms (ties have probability ~1e-16 per
-    pair), drawn on the CPU from ``generator`` and moved to ``device``."""
-    return gumbel_from_uniform(torch.rand(shape, generator=generator, dtype=torch.float64)).to(device)
+    pair), drawn from ``generator`` on its device (:func:`fedlib.privacy.noise.generator_for`) and
+    moved to ``device``."""
+    u = torch.rand(shape, generator=generator, dtype=torch.float64, device=generator.device)
+    return gumbel_from_uniform(u).to(device)
 
 
 def gumbel_top_k(log_weights: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
@@ -109,7 +111,7 @@ def two_point(values: torch.Tensor, center: float, radius: float, epsilon: float
     e = math.exp(epsilon)
     note(Release("two_point", epsilon=epsilon * values.shape[-1]))  # each row: every coordinate
     p = ((w - center) * (e - 1) + radius * (e + 1)) / (2 * radius * (e + 1))
-    u = torch.rand(w.shape, generator=generator, dtype=torch.float64).to(w.device)
+    u = torch.rand(w.shape, generator=generator, dtype=torch.float64, device=generator.device).to(w.device)
     note_draw("two_point", u)
     level = radius * (e + 1) / (e - 1)
     return torch.where(u < p, center + level, center - level).to(values.dtype)
@@ -189,8 +191,8 @@ def laplace_values(values: torch.Tensor, mask: torch.Tensor, scale: float,
                    generator: torch.Generator) -> torch.Tensor:
     """``values + Laplace(0, scale)`` on the masked entries (noise drawn for those only, in
     row-major order), exactly 0 elsewhere; continuous float64 noise (FDL as published only)."""
-    zeros = torch.zeros(int(mask.sum()), dtype=values.dtype)
-    noise = laplace_noise_like(zeros, scale, generator).to(values.device)
+    zeros = torch.zeros(int(mask.sum()), dtype=values.dtype, device=values.device)
+    noise = laplace_noise_like(zeros, scale, generator)
     note_draw("laplace", noise)
     out = torch.zeros_like(values)
     out[mask] = values[mask] + noise

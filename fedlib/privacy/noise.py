@@ -11,21 +11,34 @@ from fedlib.privacy.record import note_draw, note_key
 from fedlib.tree import Tree, tmap
 
 
-def generator_for(*parts: int) -> torch.Generator:
-    """A CPU generator seeded from a tuple of integers (e.g. seed, stream, round, client), so
-    each source of randomness has its own reproducible stream on every engine path."""
+def generator_for(*parts: int, device: torch.device | str | None = None) -> torch.Generator:
+    """A generator seeded from a tuple of integers (e.g. seed, stream, round, client), so each source
+    of randomness has its own reproducible stream on every engine path.
+
+    ``device`` None or a CPU: a CPU generator, the stream every CPU result was drawn from. A GPU: a
+    generator on that GPU seeded with the same integer (PyTorch's Philox there: another stream, so
+    a GPU run's draws are reproducible on GPUs, not equal to the CPU's, as for
+    :class:`StepNoise`). The draws then happen where the data is, without a host round trip per
+    client (issue 37). The mechanisms' floating-point care does not depend on the device: they ask
+    for float64 uniforms on ``[0, 1)`` and treat the atom at 0 themselves (``clamp_min(2^-53)``),
+    which covers a generator whose uniforms have fewer than 53 random bits or include 0."""
     note_key("torch", parts)
     seed = int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
-    return torch.Generator().manual_seed(seed)
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    return torch.Generator(device=dev).manual_seed(seed)
 
 
 def gaussian_noise_like(tree: Tree, std: float, generator: torch.Generator) -> Tree:
-    """Independent N(0, std^2) for every coordinate of ``tree`` (drawn on the CPU from
-    ``generator`` for reproducibility across devices, then moved to each leaf's device)."""
+    """Independent N(0, std^2) for every coordinate of ``tree``, drawn from ``generator`` on its
+    device (:func:`generator_for`), then moved to each leaf's device."""
     if std < 0:
         raise ValueError(f"noise std must be >= 0, got {std}")
-    return tmap(lambda x: (torch.randn(x.shape, generator=generator, dtype=torch.float32) * std)
-                .to(device=x.device, dtype=x.dtype), tree)
+
+    def draw(x: torch.Tensor) -> torch.Tensor:
+        z = torch.randn(x.shape, generator=generator, dtype=torch.float32, device=generator.device)
+        return (z * std).to(device=x.device, dtype=x.dtype)
+
+    return tmap(draw, tree)
 
 
 def laplace_noise_like(tree: Tree, scale: float, generator: torch.Generator) -> Tree:
@@ -37,7 +50,8 @@ def laplace_noise_like(tree: Tree, scale: float, generator: torch.Generator) -> 
         raise ValueError(f"Laplace scale must be >= 0, got {scale}")
 
     def draw(x: torch.Tensor) -> torch.Tensor:
-        u = torch.rand(x.shape, generator=generator, dtype=torch.float64).clamp_min(2.0 ** -53) - 0.5
+        u = torch.rand(x.shape, generator=generator, dtype=torch.float64,
+                       device=generator.device).clamp_min(2.0 ** -53) - 0.5
         lap = -scale * torch.sign(u) * torch.log1p(-2 * u.abs())
         return lap.to(device=x.device, dtype=x.dtype)
 
