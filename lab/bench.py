@@ -109,6 +109,14 @@ def _plain_learner(config: Config, device: torch.device) -> tuple[torch.nn.Modul
     return model, torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
 
 
+def path_ratios(out: dict) -> dict:
+    """``overhead_sequential`` and ``speedup_vectorized`` from the timed paths; None for a ratio whose
+    path was not timed (``--paths vectorized`` leaves the sequential one out)."""
+    seq, vec = out.get("sequential_s"), out.get("vectorized_s")
+    return {"overhead_sequential": seq / out["floor_s"] if seq else None,
+            "speedup_vectorized": seq / vec if seq and vec else None}
+
+
 def time_floor(config: Config, device: torch.device, repeats: int = 3, threads: int | None = None) -> float:
     """Seconds for one plain-PyTorch epoch over the same samples, the median of ``repeats``
     epochs after a warm-up one (the same statistic as the rounds), on ``threads`` intra-op
@@ -436,8 +444,7 @@ def benchmark(config: Config, device: torch.device, rounds: int = 3,
     default = default_path(device)
     out["default_path"] = default
     out["default_s"] = out.get(f"{default}_s") or time_rounds(config, device, default, rounds)[0]
-    out["overhead_sequential"] = out["sequential_s"] / out["floor_s"]
-    out["speedup_vectorized"] = out["sequential_s"] / out["vectorized_s"] if "vectorized_s" in out else None
+    out.update(path_ratios(out))
     out["default_vs_floor"] = out["default_s"] / out["floor_s"]
     out["rounds_per_s"] = 1.0 / out["default_s"]
     out.update(flop_rates(config, device, out["default_s"]))

@@ -40,6 +40,15 @@ def test_bench_json_line_has_every_key(capsys):
     assert gflops == pytest.approx(400 * res["train_mflop_per_sample"] / 1e3 / res["default_s"])
 
 
+def test_ratios_of_paths_that_were_not_timed_are_none():
+    """``--paths vectorized`` times no sequential round: its ratios are None, not a KeyError after the
+    timing (which a GPU session once paid for)."""
+    assert bench.path_ratios({"floor_s": 2.0, "vectorized_s": 0.5}) == {
+        "overhead_sequential": None, "speedup_vectorized": None}
+    assert bench.path_ratios({"floor_s": 2.0, "sequential_s": 3.0, "vectorized_s": 0.5}) == {
+        "overhead_sequential": 1.5, "speedup_vectorized": 6.0}
+
+
 def test_flops_are_counted_from_the_step_and_scaled_by_the_plan():
     """The CNN's step (batch 32) is 1.09 GFLOP forward and backward: the first convolution needs no
     input gradient, so training costs a little under three forward passes; MOON adds two forward
