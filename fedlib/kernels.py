@@ -5,7 +5,12 @@
 :func:`set_kernel_options` turns the speed options on for a benchmark (issue 24 measures them on
 a GPU before any becomes a default). Besides the libraries' flags, one option of fedlib's own:
 ``cuda_graphs``, the vectorized path's step captured once per round and replayed as a CUDA graph
-(:mod:`fedlib.graphs`). On a CPU none of them has an effect.
+(:mod:`fedlib.graphs`); on a CPU none of these has an effect. And one that acts on every device:
+``lane_conv``, how a convolution computes (:class:`fedlib.models.LaneConv2d`): ``grouped``, PyTorch's
+convolution (under the engine's vmap, one grouped convolution over the lanes), or ``im2col``, the
+patches unfolded and multiplied by the weights (under vmap, one batched matrix multiply over the
+lanes); equal in exact arithmetic, so which is faster is for ``lab.bench --lane-conv`` to measure on
+each device (issue 37 item 4). A CPU result records it only when it is not the default.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import torch
 #: fedlib's own speed options (process-wide, like PyTorch's flags): see :func:`set_kernel_options`.
 #: CUDA graphs are on by default on CUDA (issue 37): a capture that fails falls back to the eager
 #: step (:func:`note_capture_failure`), which the results record.
-_OPTIONS = {"cuda_graphs": True}
+_OPTIONS: dict[str, bool | str] = {"cuda_graphs": True, "lane_conv": "grouped"}
+#: How :class:`fedlib.models.LaneConv2d` computes (see the module's docstring).
+LANE_CONVS = ("grouped", "im2col")
 #: Why the first capture of this process failed (empty: none failed); from then on the step is eager.
 _CAPTURE_FAILURE: list[str] = []
 
@@ -48,7 +55,7 @@ def make_deterministic() -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def kernel_settings() -> dict[str, bool]:
+def kernel_settings() -> dict[str, bool | str]:
     """The CUDA kernel settings in force now that change a GPU run's numbers or speed:
     deterministic cuDNN algorithms, cuDNN autotuning (``cudnn_benchmark``; with
     ``cudnn_deterministic`` it chooses among deterministic algorithms only), TF32 in cuDNN
@@ -61,11 +68,13 @@ def kernel_settings() -> dict[str, bool]:
             "cudnn_tf32": bool(torch.backends.cudnn.allow_tf32),
             "matmul_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
             "cuda_graphs": bool(_OPTIONS["cuda_graphs"]),
-            "cuda_graphs_fell_back": capture_failure() is not None}
+            "cuda_graphs_fell_back": capture_failure() is not None,
+            "lane_conv": str(_OPTIONS["lane_conv"])}
 
 
 def set_kernel_options(*, matmul_tf32: bool | None = None, cudnn_autotune: bool | None = None,
-                       cudnn_tf32: bool | None = None, cuda_graphs: bool | None = None) -> dict[str, bool]:
+                       cudnn_tf32: bool | None = None, cuda_graphs: bool | None = None,
+                       lane_conv: str | None = None) -> dict[str, bool | str]:
     """Turn the speed options of :func:`kernel_settings` on or off (None: leave as is) and return
     the settings now in force. Autotuning keeps cuDNN's deterministic flag: it picks the fastest
     *deterministic* algorithm for each shape, timed at first use, so which one it picks (and the
@@ -73,6 +82,10 @@ def set_kernel_options(*, matmul_tf32: bool | None = None, cudnn_autotune: bool 
     mantissas; CUDA graphs replay the recorded kernels of a step with one launch (setting it again
     forgets an earlier capture failure). The defaults are what measures fastest on a GPU
     (``python -m lab.bench --matmul-tf32 --cudnn-autotune --cuda-graphs``) and stays correct."""
+    if lane_conv is not None:
+        if lane_conv not in LANE_CONVS:
+            raise ValueError(f"lane_conv must be one of {LANE_CONVS}, got {lane_conv!r}")
+        _OPTIONS["lane_conv"] = lane_conv
     if cuda_graphs is not None:
         _OPTIONS["cuda_graphs"] = bool(cuda_graphs)
         _CAPTURE_FAILURE.clear()
@@ -89,3 +102,8 @@ def cuda_graphs_enabled() -> bool:
     """Whether the step is captured: the ``cuda_graphs`` option is on (see
     :func:`set_kernel_options`) and no capture of this process has failed."""
     return _OPTIONS["cuda_graphs"] and not _CAPTURE_FAILURE
+
+
+def lane_conv() -> str:
+    """How convolutions compute now: ``grouped`` (the default) or ``im2col``."""
+    return str(_OPTIONS["lane_conv"])

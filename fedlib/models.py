@@ -16,6 +16,39 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedlib.kernels import lane_conv
+
+
+def conv2d_im2col(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  padding: tuple[int, int]) -> torch.Tensor:
+    """A stride-1 convolution as patches times weights: ``unfold`` the ``(N, C, H, W)`` input into
+    ``(N, C k_h k_w, L)`` columns and multiply by the ``(O, C k_h k_w)`` weight matrix. Equal to
+    ``F.conv2d`` in exact arithmetic (another summation order); under ``vmap`` over lanes with a
+    weight per lane the product is one batched matrix multiply (issue 37 item 4)."""
+    n, _, h, w = x.shape
+    o, _, kh, kw = weight.shape
+    cols = F.unfold(x, (kh, kw), padding=padding)
+    out_h, out_w = h + 2 * padding[0] - kh + 1, w + 2 * padding[1] - kw + 1
+    out = (weight.reshape(o, -1) @ cols).reshape(n, o, out_h, out_w)
+    return out if bias is None else out + bias[:, None, None]
+
+
+class LaneConv2d(nn.Conv2d):
+    """``nn.Conv2d`` (stride 1, integer padding, no groups or dilation: what the models use) that
+    computes as :func:`fedlib.kernels.lane_conv` says: PyTorch's convolution (``grouped``, the
+    default) or :func:`conv2d_im2col`. Same parameters and initialisation as ``nn.Conv2d``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if (self.stride != (1, 1) or self.dilation != (1, 1) or self.groups != 1
+                or isinstance(self.padding, str)):
+            raise ValueError("LaneConv2d supports stride 1, integer padding, no dilation or groups")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if lane_conv() == "im2col":
+            return conv2d_im2col(x, self.weight, self.bias, self.padding)
+        return super().forward(x)
+
 
 class _CNN(nn.Module):
     """Shared forward: ``features`` -> ReLU(fc1) (the representation) -> [dropout] -> fc2.
@@ -65,8 +98,8 @@ class MoonDpapCNN(_CNN):
 
     def __init__(self, num_classes: int = 10, dropout: float = 0.0, proj_dim: int = 0):
         super().__init__(dropout)
-        self.conv1 = nn.Conv2d(1, 16, 5)
-        self.conv2 = nn.Conv2d(16, 32, 5)
+        self.conv1 = LaneConv2d(1, 16, 5)
+        self.conv2 = LaneConv2d(16, 32, 5)
         self.fc1 = nn.Linear(32 * 10 * 10, self.repr_dim)
         self.fc2 = nn.Linear(self.repr_dim, num_classes)
         self._add_projection_head(proj_dim)
@@ -84,8 +117,8 @@ class McMahanCNN(_CNN):
 
     def __init__(self, num_classes: int = 10, dropout: float = 0.0, proj_dim: int = 0):
         super().__init__(dropout)
-        self.conv1 = nn.Conv2d(1, 32, 5, padding=2)
-        self.conv2 = nn.Conv2d(32, 64, 5, padding=2)
+        self.conv1 = LaneConv2d(1, 32, 5, padding=2)
+        self.conv2 = LaneConv2d(32, 64, 5, padding=2)
         self.fc1 = nn.Linear(64 * 7 * 7, self.repr_dim)
         self.fc2 = nn.Linear(self.repr_dim, num_classes)
         self._add_projection_head(proj_dim)

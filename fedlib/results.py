@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 from fedlib.config import Config
-from fedlib.kernels import kernel_settings
+from fedlib.kernels import kernel_settings, lane_conv
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -136,7 +136,8 @@ def provenance(device: torch.device, engine: str) -> dict[str, Any]:
     return {"device": dev, "engine": engine, "torch": torch.__version__, "numpy": numpy.__version__,
             "python": platform.python_version(), "platform": platform.platform(),
             "cpu_threads": torch.get_num_threads(), "git_commit": code_commit(),
-            **({"kernels": kernel_settings()} if device.type == "cuda" else {})}
+            **({"kernels": kernel_settings()} if device.type == "cuda" else
+               {"kernels": {"lane_conv": lane_conv()}} if lane_conv() != "grouped" else {})}
 
 
 @dataclass

@@ -481,9 +481,10 @@ def bench_dir() -> Path:
     return Path(os.environ.get("FEDLIB_BENCH_DIR", REPO_ROOT / "data" / "bench"))
 
 
-def variant_name(options: dict[str, bool]) -> str:
+def variant_name(options: dict[str, bool | str]) -> str:
     """A file-name part for the speed options set on the command line (sorted; "" for none)."""
-    return "-".join(f"{k.replace('_', '-')}-{'on' if v else 'off'}" for k, v in sorted(options.items()))
+    return "-".join(f"{k.replace('_', '-')}-{v if isinstance(v, str) else 'on' if v else 'off'}"
+                    for k, v in sorted(options.items()))
 
 
 def save(res: dict, device: torch.device, folder: Path | None = None, variant: str = "") -> Path:
@@ -540,6 +541,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="replay the vectorized path's step as a CUDA graph (fedlib.graphs; default: on, "
                         "fedlib.kernels; --no-cuda-graphs times the eager step)")
+    p.add_argument("--lane-conv", choices=["grouped", "im2col"], default=None,
+                   help="how convolutions compute (fedlib.kernels: grouped, PyTorch's and the default, or "
+                        "im2col, a batched matrix multiply over lanes); any device")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     p.add_argument("--save", action="store_true", help="write the result with provenance under data/bench/")
     args = p.parse_args(argv)
@@ -553,11 +557,15 @@ def main(argv: list[str] | None = None) -> int:
     if options and device.type != "cuda":
         p.error(f"{', '.join('--' + k.replace('_', '-') for k in options)}: CUDA kernel options, "
                 f"but this benchmark runs on {device}")
+    if args.lane_conv is not None:
+        options["lane_conv"] = args.lane_conv
     kernels = set_kernel_options(**options)
     paths = tuple(args.paths) if args.paths else None
     res = benchmark(config, device, args.rounds, paths, tuple(args.batch_runs), args.scale)
     if device.type == "cuda":
         res["kernels"] = kernels
+    elif args.lane_conv is not None:
+        res["kernels"] = {"lane_conv": kernels["lane_conv"]}
     if args.sweep:
         sweep_paths = paths or (("sequential", "parallel", "vectorized") if device.type == "cpu"
                                 else ("sequential", "vectorized"))

@@ -25,7 +25,8 @@ def restore_kernels():
     before = kernel_settings()
     yield
     set_kernel_options(matmul_tf32=before["matmul_tf32"], cudnn_tf32=before["cudnn_tf32"],
-                       cudnn_autotune=before["cudnn_benchmark"], cuda_graphs=before["cuda_graphs"])
+                       cudnn_autotune=before["cudnn_benchmark"], cuda_graphs=before["cuda_graphs"],
+                       lane_conv=before["lane_conv"])
 
 
 @pytest.fixture(autouse=True)

@@ -96,7 +96,7 @@ def test_scale_figures_and_saved_provenance(tmp_path):
 def test_kernel_options_change_the_settings_a_result_records(restore_kernels):
     before = kernel_settings()
     assert set(before) == {"cudnn_deterministic", "cudnn_benchmark", "cudnn_tf32", "matmul_tf32",
-                           "cuda_graphs", "cuda_graphs_fell_back"}
+                           "cuda_graphs", "cuda_graphs_fell_back", "lane_conv"}
     now = set_kernel_options(matmul_tf32=not before["matmul_tf32"], cudnn_autotune=True)
     assert now == kernel_settings()
     assert now["matmul_tf32"] is (not before["matmul_tf32"]) and now["cudnn_benchmark"] is True
@@ -104,6 +104,17 @@ def test_kernel_options_change_the_settings_a_result_records(restore_kernels):
     assert torch.backends.cuda.matmul.allow_tf32 is now["matmul_tf32"]
     assert set_kernel_options(cudnn_tf32=False)["cudnn_tf32"] is False
     assert set_kernel_options(cuda_graphs=True)["cuda_graphs"] is True
+    assert set_kernel_options(lane_conv="im2col")["lane_conv"] == "im2col"
+    name = bench.variant_name({"lane_conv": "im2col", "cuda_graphs": False})
+    assert name == "cuda-graphs-off-lane-conv-im2col"
+
+
+def test_a_cpu_result_records_lane_conv_only_when_it_is_not_the_default(restore_kernels):
+    from fedlib.results import provenance
+
+    assert "kernels" not in provenance(torch.device("cpu"), "vectorized")
+    set_kernel_options(lane_conv="im2col")
+    assert provenance(torch.device("cpu"), "vectorized")["kernels"] == {"lane_conv": "im2col"}
 
 
 def test_kernel_options_are_refused_on_a_cpu_before_any_work(tmp_path, monkeypatch, capsys):

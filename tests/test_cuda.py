@@ -282,3 +282,17 @@ def test_local_dp_runs_repeat_on_one_gpu(tmp_path, case):
     a = run(cfg, engine="vectorized", device="cuda", root=tmp_path / "a", progress=False)
     b = run(cfg, engine="sequential", device="cuda", root=tmp_path / "b", progress=False)
     assert _max_diff(load_model(a, tmp_path / "a")[1], load_model(b, tmp_path / "b")[1]) < ATOL64
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_im2col_lanes_equal_cpu_sequential_in_float64(tmp_path, restore_kernels, graphs):
+    """The vectorized path with its convolutions as batched matrix multiplies (``lane_conv="im2col"``),
+    eager and captured, trains the CPU reference's model (client switches and dropout included)."""
+    from fedlib.kernels import set_kernel_options
+
+    cfg = _config("moon", precision="float64")
+    cpu = run(cfg, engine="sequential", device="cpu", root=tmp_path / "cpu", progress=False)
+    set_kernel_options(lane_conv="im2col", cuda_graphs=graphs)
+    gpu = run(cfg, engine="vectorized", device="cuda", root=tmp_path / "gpu", progress=False)
+    assert gpu.meta["kernels"]["lane_conv"] == "im2col" and gpu.meta["kernels"]["cuda_graphs"] is graphs
+    assert _max_diff(load_model(cpu, tmp_path / "cpu")[1], load_model(gpu, tmp_path / "gpu")[1]) < ATOL64

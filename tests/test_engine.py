@@ -65,19 +65,25 @@ def test_fedavg_one_client_equals_plain_sgd():
     ("fedavg", {"dropout": 0.3}), ("scaffold", {}), ("moon", {"dropout": 0.3}), ("ditto", {}),
     ("feddyn", {}), ("moon_dpap", {"cosine_lr": True, "prune": True, "dropout": 0.2, "dp": "central",
                                    "dp_epsilon_per_round": 50.0, "dp_clip": 1.0, "client_fraction": 1.0})])
-def test_paths_and_lanes_agree_in_float64(tmp_path, algorithm, changes):
+def test_paths_and_lanes_agree_in_float64(tmp_path, restore_kernels, algorithm, changes):
+    """Every path and lane layout, and the vectorized path with its convolutions as batched matrix
+    multiplies (``lane_conv="im2col"``, issue 37 item 4), trains the sequential reference's model."""
+    from fedlib.kernels import set_kernel_options
+
     cfg = F64.replace(algorithm=algorithm, client_fraction=0.75, lr=0.02, rounds=2, train_samples=320,
                       test_samples=100, min_client_samples=10).replace(**changes)
     ref = run(cfg, engine="sequential", root=tmp_path / "seq", progress=False, device="cpu")
     p_ref = _params(ref, tmp_path / "seq")
-    cases = [("vectorized", "auto"), ("vectorized", "clients"), ("parallel", "auto")]
-    for path, lanes in cases:
+    cases = [("vectorized", "auto", "grouped"), ("vectorized", "clients", "grouped"),
+             ("parallel", "auto", "grouped"), ("vectorized", "auto", "im2col")]
+    for path, lanes, conv in cases:
+        set_kernel_options(lane_conv=conv)
         root = tmp_path / f"{path}-{lanes}"
         exp = Experiment(cfg, torch.device("cpu"))
         with Executor(path, exp.algo, exp.data.x_train, exp.data.y_train, workers=2, lanes=lanes) as ex:
             for t in range(cfg.rounds):
                 exp.round(t, ex)
-        assert _max_diff(p_ref, exp.gparams) < ATOL64, (path, lanes)
+        assert _max_diff(p_ref, exp.gparams) < ATOL64, (path, lanes, conv)
         del root
 
 

@@ -147,8 +147,9 @@ def test_config_refuses_ghost_without_record_level_dp_or_in_bfloat16():
         base.replace(dp_grad="fast").validate()
 
 
-@pytest.mark.parametrize("engine", ["vectorized", pytest.param("sequential", marks=pytest.mark.e2e)])
-def test_a_ghost_run_trains_the_model_of_the_per_sample_run(tmp_path, engine):
+@pytest.mark.parametrize(("engine", "conv"), [("vectorized", "grouped"), ("vectorized", "im2col"),
+                                             pytest.param("sequential", "grouped", marks=pytest.mark.e2e)])
+def test_a_ghost_run_trains_the_model_of_the_per_sample_run(tmp_path, restore_kernels, engine, conv):
     """Two rounds of MOON-DPAP with record-level DP-SGD (float64, the CNN, Poisson batches and noise):
     a ghost-clipped run draws the per-sample run's noise and trains its model (1e-10: the module's
     tolerance, through two rounds of SGD on sums equal to rounding)."""
@@ -156,6 +157,9 @@ def test_a_ghost_run_trains_the_model_of_the_per_sample_run(tmp_path, engine):
                  min_client_samples=10, dp="record", dp_schedule="constant", dp_epsilon_total=8.0,
                  dp_clip=1.0, precision="float64", client_fraction=1.0, batch_size=16)
     ref = run(cfg, engine="sequential", root=tmp_path / "ref", progress=False, device="cpu")
+    from fedlib.kernels import set_kernel_options
+
+    set_kernel_options(lane_conv=conv)  # im2col: the ghost hooks see the same layers and sums
     ghost = run(cfg.replace(dp_grad="ghost"), engine=engine, root=tmp_path / "ghost", progress=False,
                 device="cpu")
     p_ref, p = load_model(ref, tmp_path / "ref")[1], load_model(ghost, tmp_path / "ghost")[1]
