@@ -71,10 +71,12 @@ def test_workers_auto() -> int:
     return 8 if importlib.util.find_spec("xdist") and (os.cpu_count() or 1) >= 16 else 0
 
 
-def xdist_args(workers: int) -> list[str]:
-    """pytest-xdist's arguments for ``workers`` processes (none for 0), a test module per process
-    (``loadfile``: module-scoped fixtures are built once)."""
-    return ["-n", str(workers), "--dist", "loadfile"] if workers > 0 else []
+def xdist_args(workers: int, dist: str = "loadfile") -> list[str]:
+    """pytest-xdist's arguments for ``workers`` processes (none for 0): a test module per process
+    (``loadfile``: module-scoped fixtures are built once), or test by test (``load``: the GPU tests
+    are one module, tests/test_cuda.py; on the H200, 4 processes ran it in 200 s, one process had not
+    finished half of it in 200 s)."""
+    return ["-n", str(workers), "--dist", dist] if workers > 0 else []
 
 
 def _step(cmd: list[str], log: Path, timeout_s: float) -> dict:
@@ -156,7 +158,8 @@ def slice_(minutes: float, out: Path, profile: str = "paper", pages: list[str] |
         # The modules that need papermill, a browser or Flower are left out in both modes: they import
         # what the node lacks at collection, which would stop even ``-m gpu``.
         args = [py, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-rs", *NODE_IGNORES]
-        args += ["-m", "gpu" if tests == "gpu" else "not heavy", *xdist_args(test_workers)]
+        dist = "load" if tests == "gpu" else "loadfile"
+        args += ["-m", "gpu" if tests == "gpu" else "not heavy", *xdist_args(test_workers, dist)]
         summary["steps"]["tests"] = _step(args, logs / "tests.log", deadline - time.time())
 
     # 3. campaign, with what is left (less the margin for packing)

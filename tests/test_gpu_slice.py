@@ -100,6 +100,7 @@ def test_test_workers_are_checked_before_any_work_and_passed_to_xdist(tmp_path, 
     assert "pytest-xdist" in capsys.readouterr().err and not (tmp_path / "a").exists()
     assert gpu_slice.test_workers_auto() == 0  # no xdist: one process
     assert gpu_slice.xdist_args(0) == [] and gpu_slice.xdist_args(8) == ["-n", "8", "--dist", "loadfile"]
+    assert gpu_slice.xdist_args(4, "load") == ["-n", "4", "--dist", "load"]
 
 
 def test_unpack_data_restores_the_idx_files(tmp_path, bundle):
