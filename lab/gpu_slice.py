@@ -8,7 +8,8 @@ connected machine) and runs ``python -m lab.gpu_slice MINUTES OUTDIR``, which, w
 1. unpacks the carried datasets (``.gpudata/``) into ``data/raw/`` and verifies them;
 2. checks the device (``--tests check``, the default): the captured CUDA-graph step against the
    float64 CPU reference, about a minute; ``gpu``: every GPU test; ``all``: the suite that can run
-   without papermill, a browser or Flower; ``none``; the log is kept;
+   without papermill, a browser or Flower; ``none``; the log is kept; the tests stop after
+   ``--tests-share`` (0.4) of the budget, so that training keeps the rest;
 3. trains the campaign, claims first (:func:`lab.campaign.run`), in run batches of up to
    ``--max-batch`` runs, until ``--margin-min`` (2.5) minutes before the budget ends; a run batch
    that would not end in time is not started, a run still training at the deadline checkpoints and
@@ -95,6 +96,10 @@ def _step(cmd: list[str], log: Path, timeout_s: float) -> dict:
 #: six algorithm families (tests/test_cuda.py), about a minute on the H100.
 CHECK_TESTS = ["tests/test_cuda.py", "-k", "cuda_graphs_equal_cpu_sequential"]
 
+#: Share of the slice's budget the tests may use (a 9-minute slice: 3.6 minutes; ``-m gpu`` took
+#: 200 s on the H200 with 4 workers, one process not half of it in 200 s).
+TESTS_SHARE = 0.4
+
 #: Minutes a slice keeps for packing by default: it trains until this long before its budget ends.
 MARGIN_MIN = 2.5
 
@@ -113,16 +118,23 @@ def slice_(minutes: float, out: Path, profile: str = "paper", pages: list[str] |
            n_seeds: int | None = None, tests: str = "check", bench: bool = False, bench_args: str = "",
            max_batch: int = 8, margin_min: float = MARGIN_MIN, progress: bool = True,
            data_bundle: Path | None = None, test_workers: int | None = None,
-           cuda_graphs: bool = True) -> dict:
+           cuda_graphs: bool = True, tests_share: float = TESTS_SHARE) -> dict:
     """The slice (see the module's docstring); returns its summary, also written to ``out/slice.json``.
     ``cuda_graphs``: the campaign's runs replay their steps as CUDA graphs (:mod:`fedlib.graphs`, the
-    CUDA default; each result records it in ``meta.kernels``)."""
+    CUDA default; each result records it in ``meta.kernels``). ``tests_share``: the tests stop after
+    this share of the budget, so that a slow or hanging test leaves time to train (their log says
+    how far they got; the step's status is then 124)."""
     from lab import campaign
     from lab.bench import bench_dir
     from lab.gpu_bundle import DATA_BUNDLE, carried_datasets, unpack_data
 
     start = time.time()
     deadline = start + 60 * minutes
+
+    def tests_limit() -> float:
+        """Seconds the tests may take: until ``tests_share`` of the budget, at most the deadline."""
+        return min(start + 60 * minutes * tests_share, deadline) - time.time()
+
     test_workers = test_workers_auto() if test_workers is None else test_workers
     campaign.needed(profile, pages, n_seeds)  # bad pages or profile: an error before any work
     out.mkdir(parents=True, exist_ok=True)
@@ -153,14 +165,14 @@ def slice_(minutes: float, out: Path, profile: str = "paper", pages: list[str] |
     py = sys.executable
     if tests == "check":
         args = [py, "-m", "pytest", *CHECK_TESTS, "-q", "-p", "no:cacheprovider", "-rs"]
-        summary["steps"]["tests"] = _step(args, logs / "tests.log", deadline - time.time())
+        summary["steps"]["tests"] = _step(args, logs / "tests.log", tests_limit())
     elif tests != "none":
         # The modules that need papermill, a browser or Flower are left out in both modes: they import
         # what the node lacks at collection, which would stop even ``-m gpu``.
         args = [py, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-rs", *NODE_IGNORES]
         dist = "load" if tests == "gpu" else "loadfile"
         args += ["-m", "gpu" if tests == "gpu" else "not heavy", *xdist_args(test_workers, dist)]
-        summary["steps"]["tests"] = _step(args, logs / "tests.log", deadline - time.time())
+        summary["steps"]["tests"] = _step(args, logs / "tests.log", tests_limit())
 
     # 3. campaign, with what is left (less the margin for packing)
     budget = (deadline - time.time()) / 60 - margin_min
@@ -222,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test-workers", type=int, default=None,
                    help="pytest-xdist processes for the tests (0: one process; default: 8 where xdist and "
                         "16 cores are there, else 0)")
+    p.add_argument("--tests-share", type=float, default=TESTS_SHARE,
+                   help=f"share of the budget the tests may use (default {TESTS_SHARE})")
     p.add_argument("--bench", action="store_true", help="run the benchmark after the training")
     p.add_argument("--bench-args", default="", help="extra options of lab.bench (quoted)")
     p.add_argument("--max-batch", type=int, default=8)
@@ -235,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.minutes > 0:
         p.error("MINUTES must be > 0")
+    if not 0 < args.tests_share <= 1:
+        p.error("--tests-share must be in (0, 1]")
     if args.test_workers is not None and args.test_workers < 0:
         p.error("--test-workers must be >= 0")
     if args.test_workers and importlib.util.find_spec("xdist") is None:
@@ -249,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         s = slice_(args.minutes, args.outdir, args.profile, args.pages, args.seeds, args.tests, args.bench,
                    args.bench_args, args.max_batch, args.margin_min, args.progress, args.data_bundle,
-                   args.test_workers, args.cuda_graphs)
+                   args.test_workers, args.cuda_graphs, args.tests_share)
     except ConfigError as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

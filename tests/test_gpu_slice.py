@@ -167,3 +167,25 @@ def test_the_campaign_step_trains_with_cuda_graphs_unless_told_not_to(tmp_path, 
         assert json.loads((out / "slice.json").read_text())["cuda_graphs"] is (flag != ["--no-cuda-graphs"])
         assert "bench" not in json.loads((out / "slice.json").read_text())["steps"]  # only when asked
     assert seen == [True, False, True]
+
+
+def test_the_tests_stop_at_their_share_of_the_budget_and_leave_the_rest_to_training(tmp_path, monkeypatch):
+    """A hanging GPU test must not eat a loan: the tests get ``--tests-share`` of the budget (0.4 of
+    10 minutes: 240 s), the campaign what is left less the packing margin."""
+    from fedlib import data as data_mod
+    from lab import gpu_slice
+
+    limits, budgets = [], []
+    monkeypatch.setattr(data_mod, "fetch", lambda name: None)
+    monkeypatch.setattr(gpu_slice, "_step", lambda cmd, log, timeout_s: limits.append(timeout_s)
+                        or {"command": "", "rc": 0, "seconds": 0.0})
+    monkeypatch.setattr(campaign, "run",
+                        lambda profile, budget, **k: budgets.append(budget) or {"still missing": 0})
+    monkeypatch.setenv("FEDLIB_RESULTS_DIR", str(tmp_path / "results"))
+    (tmp_path / "results").mkdir()
+    args = ["10", str(tmp_path / "out"), "--profile", "smoke", "--tests", "gpu", "--allow-cpu",
+            "--no-progress", "--data-bundle", str(tmp_path / "none"), "--test-workers", "0"]
+    assert gpu_slice.main(args) == 0
+    assert 235 < limits[0] <= 240 and 7.4 < budgets[0] <= 7.5
+    with pytest.raises(SystemExit):
+        gpu_slice.main(["10", str(tmp_path / "out2"), "--tests-share", "0"])
