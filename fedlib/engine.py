@@ -39,7 +39,7 @@ import signal
 import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -51,7 +51,7 @@ from fedlib.graphs import CaptureBackend, CapturedStep, capture_backend
 from fedlib.kernels import capture_failure, note_capture_failure
 from fedlib.privacy.discrete import rng_for
 from fedlib.privacy.noise import StepNoise, generator_for
-from fedlib.privacy.record import Release, client_summary, note, recording
+from fedlib.privacy.record import Release, client_summary, draws_noted, note, note_draw, note_key, recording
 from fedlib.streams import Stream
 from fedlib.tree import Tree, index, stack, tmap, where
 
@@ -319,9 +319,23 @@ class LanePlan:
     steps: list[int]  # per row
     local_step: np.ndarray | None = None  # (L, S): the step of its client that lane l takes at s
     sources: list[tuple[RoundPlan, int]] | None = None  # per row: its plan and row in it
+    _lane_keys: tuple[torch.Tensor, ...] | None = field(default=None, repr=False)  # counter noise
 
     def step_noise(self, j: int) -> dict[str, torch.Tensor]:
-        """Every lane's DP-SGD noise at step ``j``, stacked (zeros where a lane has finished)."""
+        """Every lane's DP-SGD noise at step ``j``, stacked (zeros where a lane has finished): with
+        ``counter`` noise one draw for all lanes (:meth:`StepNoise.lanes`), else one per lane."""
+        like = self.sources[0][0].noise
+        if like.counter:
+            if self._lane_keys is None:
+                self._lane_keys = self._counter_keys()
+            key, stream, scale = self._lane_keys
+            noise = StepNoise.lanes(key[:, j], stream[:, j], scale[:, j], like)
+            if draws_noted():  # a test's draw log: each lane's key and values, as draw() notes them
+                for lane in np.flatnonzero(self.row[:, j] >= 0):
+                    plan, i = self.sources[self.row[lane, j]]
+                    note_key("philox", (*plan.noise.key, plan.clients[i], int(self.local_step[lane, j])))
+                    note_draw("dpsgd_step", *(v[lane] for v in noise.values()))
+            return noise
         parts = []
         for lane in range(self.lanes):
             r = self.row[lane, j]
@@ -331,6 +345,22 @@ class LanePlan:
                 plan, i = self.sources[r]
                 parts.append(plan.step_noise(i, int(self.local_step[lane, j])))
         return stack(parts)
+
+    def _counter_keys(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per (lane, step), once per round: the Philox key of the lane's run (L, S, 2), its
+        (client, local step) stream (L, S, 2) and its noise std (L, S; 0 where the lane has finished)."""
+        like = self.sources[0][0].noise
+        if any(not plan.noise.counter or plan.noise.shapes != like.shapes for plan, _ in self.sources):
+            raise ValueError("runs stacked in one group must all draw counter noise of one shape")
+        per_row = np.array([[*plan.noise.philox_key(), plan.clients[i], plan.noise.std]
+                            for plan, i in self.sources], dtype=object)
+        rows = np.maximum(self.row, 0)
+        key = np.stack([per_row[rows, 0], per_row[rows, 1]], axis=-1).astype(np.int64)
+        stream = np.stack([per_row[rows, 2].astype(np.int64), self.local_step], axis=-1)
+        scale = np.where(self.row >= 0, per_row[rows, 3].astype(np.float64), 0.0)
+        dev = self.idx.device
+        return (torch.from_numpy(key).to(dev), torch.from_numpy(stream).to(dev),
+                torch.from_numpy(scale).to(device=dev, dtype=like.dtype))
 
     @property
     def has_noise(self) -> bool:

@@ -72,15 +72,18 @@ def training_flops(config: Config) -> float:
 
 
 class _OperatorCount(TorchDispatchMode):
-    """Counts the ATen operators dispatched while active (what a device would launch, one kernel or
-    more each: on a GPU the per-operator cost, not arithmetic, bounds a step of these small models)."""
+    """Counts the ATen operators dispatched while active that compute (what a device would launch,
+    one kernel or more each: on a GPU the per-operator cost, not arithmetic, bounds a step of these
+    small models). Views (``view``, ``expand``, ``transpose``: ``OpOverload.is_view``) launch
+    nothing, only describe memory, and are not counted."""
 
     def __init__(self):
         super().__init__()
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
+        if not func.is_view:
+            self.count += 1
         return func(*args, **(kwargs or {}))
 
 

@@ -10,7 +10,11 @@ a GPU before any becomes a default). Besides the libraries' flags, one option of
 convolution (under the engine's vmap, one grouped convolution over the lanes), or ``im2col``, the
 patches unfolded and multiplied by the weights (under vmap, one batched matrix multiply over the
 lanes); equal in exact arithmetic, so which is faster is for ``lab.bench --lane-conv`` to measure on
-each device (issue 37 item 4). A CPU result records it only when it is not the default.
+each device (issue 37 item 4). And ``step_noise``, how record-level DP-SGD draws the noise of each
+(client, step) (:class:`fedlib.privacy.noise.StepNoise`): ``generator``, a ``torch.Generator``
+seeded per pair (the stream of every committed result), or ``counter``, Philox4x32-10 in tensor
+operations (:mod:`fedlib.privacy.philox`), every lane of a vectorized step in one draw (issue 37
+items 1 and 3). A CPU result records these two only when they are not the default.
 """
 
 from __future__ import annotations
@@ -22,9 +26,13 @@ import torch
 #: fedlib's own speed options (process-wide, like PyTorch's flags): see :func:`set_kernel_options`.
 #: CUDA graphs are on by default on CUDA (issue 37): a capture that fails falls back to the eager
 #: step (:func:`note_capture_failure`), which the results record.
-_OPTIONS: dict[str, bool | str] = {"cuda_graphs": True, "lane_conv": "grouped"}
+_OPTIONS: dict[str, bool | str] = {"cuda_graphs": True, "lane_conv": "grouped", "step_noise": "generator"}
 #: How :class:`fedlib.models.LaneConv2d` computes (see the module's docstring).
 LANE_CONVS = ("grouped", "im2col")
+#: How record-level DP-SGD's step noise is drawn (see the module's docstring).
+STEP_NOISES = ("generator", "counter")
+#: The options that act on every device, with their defaults (a CPU result records the others).
+DEVICE_OPTIONS = {"lane_conv": "grouped", "step_noise": "generator"}
 #: Why the first capture of this process failed (empty: none failed); from then on the step is eager.
 _CAPTURE_FAILURE: list[str] = []
 
@@ -69,12 +77,13 @@ def kernel_settings() -> dict[str, bool | str]:
             "matmul_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
             "cuda_graphs": bool(_OPTIONS["cuda_graphs"]),
             "cuda_graphs_fell_back": capture_failure() is not None,
-            "lane_conv": str(_OPTIONS["lane_conv"])}
+            "lane_conv": str(_OPTIONS["lane_conv"]),
+            "step_noise": str(_OPTIONS["step_noise"])}
 
 
 def set_kernel_options(*, matmul_tf32: bool | None = None, cudnn_autotune: bool | None = None,
                        cudnn_tf32: bool | None = None, cuda_graphs: bool | None = None,
-                       lane_conv: str | None = None) -> dict[str, bool | str]:
+                       lane_conv: str | None = None, step_noise: str | None = None) -> dict[str, bool | str]:
     """Turn the speed options of :func:`kernel_settings` on or off (None: leave as is) and return
     the settings now in force. Autotuning keeps cuDNN's deterministic flag: it picks the fastest
     *deterministic* algorithm for each shape, timed at first use, so which one it picks (and the
@@ -86,6 +95,10 @@ def set_kernel_options(*, matmul_tf32: bool | None = None, cudnn_autotune: bool 
         if lane_conv not in LANE_CONVS:
             raise ValueError(f"lane_conv must be one of {LANE_CONVS}, got {lane_conv!r}")
         _OPTIONS["lane_conv"] = lane_conv
+    if step_noise is not None:
+        if step_noise not in STEP_NOISES:
+            raise ValueError(f"step_noise must be one of {STEP_NOISES}, got {step_noise!r}")
+        _OPTIONS["step_noise"] = step_noise
     if cuda_graphs is not None:
         _OPTIONS["cuda_graphs"] = bool(cuda_graphs)
         _CAPTURE_FAILURE.clear()
@@ -107,3 +120,14 @@ def cuda_graphs_enabled() -> bool:
 def lane_conv() -> str:
     """How convolutions compute now: ``grouped`` (the default) or ``im2col``."""
     return str(_OPTIONS["lane_conv"])
+
+
+def step_noise() -> str:
+    """How record-level DP-SGD draws its step noise now: ``generator`` (the default) or ``counter``."""
+    return str(_OPTIONS["step_noise"])
+
+
+def device_options() -> dict[str, str]:
+    """The options of every device (``lane_conv``, ``step_noise``) that differ from their defaults:
+    what a CPU result records (``meta.kernels``), empty for a default run."""
+    return {k: str(_OPTIONS[k]) for k, default in DEVICE_OPTIONS.items() if _OPTIONS[k] != default}

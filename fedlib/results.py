@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 from fedlib.config import Config
-from fedlib.kernels import kernel_settings, lane_conv
+from fedlib.kernels import device_options, kernel_settings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,7 +137,7 @@ def provenance(device: torch.device, engine: str) -> dict[str, Any]:
             "python": platform.python_version(), "platform": platform.platform(),
             "cpu_threads": torch.get_num_threads(), "git_commit": code_commit(),
             **({"kernels": kernel_settings()} if device.type == "cuda" else
-               {"kernels": {"lane_conv": lane_conv()}} if lane_conv() != "grouped" else {})}
+               {"kernels": device_options()} if device_options() else {})}
 
 
 @dataclass

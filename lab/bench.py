@@ -14,8 +14,9 @@ Measures, in one process and on one setting (dataset, model, clients, samples, b
   every client for one epoch, and aggregation) on each engine path, the median of several
   rounds after a warm-up; evaluation is timed separately (``eval_s``);
 * ``default_s``: the path the engine picks by itself on this device;
-* ``operators_per_step``: ATen operators one vectorized step dispatches, per algorithm family, at 2
-  and 16 lanes and in a run batch of 4 runs (:func:`step_operators`; constant when the step is);
+* ``operators_per_step``: ATen operators (views excluded) one vectorized step dispatches, per algorithm
+  family, at 2 and 16 lanes and in a run batch of 4 runs (:func:`step_operators`; constant when the
+  step is);
 * ``default_gflops``: that round's training FLOP (counted, :mod:`fedlib.flops`) over its time, and
   ``default_percent_of_peak``, its share of ``matmul_peak_gflops``, the device's matrix-multiply
   rate measured in the same run (:func:`matmul_peak_flops`);
@@ -68,7 +69,7 @@ import torch.nn.functional as F
 from fedlib.config import Config
 from fedlib.engine import Executor, cpu_workers, default_path, worker_start_method
 from fedlib.experiment import Experiment, RunBatch, evaluate
-from fedlib.kernels import set_kernel_options
+from fedlib.kernels import device_options, set_kernel_options
 from fedlib.models import build_model
 from fedlib.results import REPO_ROOT, atomic_write_bytes, provenance
 from fedlib.run import pick_device
@@ -317,14 +318,23 @@ STEP_FAMILIES = {
 def step_operators(config: Config) -> dict[str, dict[str, int]]:
     """ATen operators per vectorized step (:func:`fedlib.flops.operators_per_step`) of each family in
     :data:`STEP_FAMILIES` on the benchmark's model, at 2 and 16 lanes and with a run batch of 4 runs:
-    a step of constant launch count dispatches the same number in every case."""
+    a step of constant launch count dispatches the same number in every case. Record-level DP-SGD
+    also with its noise drawn for all lanes at once (``moon_dpap_record_counter``: the
+    ``step_noise="counter"`` option, :mod:`fedlib.kernels`)."""
     from fedlib.flops import operators_per_step
+    from fedlib.kernels import step_noise
 
-    out = {}
-    for name, changes in STEP_FAMILIES.items():
-        c = config.replace(**changes)
-        out[name] = {"2 lanes": operators_per_step(c, 2), "16 lanes": operators_per_step(c, 16),
-                     "2 lanes x 4 runs": operators_per_step(c, 2, runs=4)}
+    def counts(c: Config) -> dict[str, int]:
+        return {"2 lanes": operators_per_step(c, 2), "16 lanes": operators_per_step(c, 16),
+                "2 lanes x 4 runs": operators_per_step(c, 2, runs=4)}
+
+    out = {name: counts(config.replace(**changes)) for name, changes in STEP_FAMILIES.items()}
+    before = step_noise()
+    try:
+        set_kernel_options(step_noise="counter")
+        out["moon_dpap_record_counter"] = counts(config.replace(**STEP_FAMILIES["moon_dpap_record"]))
+    finally:
+        set_kernel_options(step_noise=before)
     return out
 
 
@@ -544,6 +554,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lane-conv", choices=["grouped", "im2col"], default=None,
                    help="how convolutions compute (fedlib.kernels: grouped, PyTorch's and the default, or "
                         "im2col, a batched matrix multiply over lanes); any device")
+    p.add_argument("--step-noise", choices=["generator", "counter"], default=None,
+                   help="how record-level DP-SGD draws its step noise (fedlib.kernels: generator, a "
+                        "torch.Generator per client and step and the default, or counter, Philox for "
+                        "every lane in one draw); any device")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     p.add_argument("--save", action="store_true", help="write the result with provenance under data/bench/")
     args = p.parse_args(argv)
@@ -557,15 +571,16 @@ def main(argv: list[str] | None = None) -> int:
     if options and device.type != "cuda":
         p.error(f"{', '.join('--' + k.replace('_', '-') for k in options)}: CUDA kernel options, "
                 f"but this benchmark runs on {device}")
-    if args.lane_conv is not None:
-        options["lane_conv"] = args.lane_conv
+    for option in ("lane_conv", "step_noise"):
+        if getattr(args, option) is not None:
+            options[option] = getattr(args, option)
     kernels = set_kernel_options(**options)
     paths = tuple(args.paths) if args.paths else None
     res = benchmark(config, device, args.rounds, paths, tuple(args.batch_runs), args.scale)
     if device.type == "cuda":
         res["kernels"] = kernels
-    elif args.lane_conv is not None:
-        res["kernels"] = {"lane_conv": kernels["lane_conv"]}
+    elif device_options():
+        res["kernels"] = device_options()
     if args.sweep:
         sweep_paths = paths or (("sequential", "parallel", "vectorized") if device.type == "cpu"
                                 else ("sequential", "vectorized"))

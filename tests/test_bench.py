@@ -96,7 +96,7 @@ def test_scale_figures_and_saved_provenance(tmp_path):
 def test_kernel_options_change_the_settings_a_result_records(restore_kernels):
     before = kernel_settings()
     assert set(before) == {"cudnn_deterministic", "cudnn_benchmark", "cudnn_tf32", "matmul_tf32",
-                           "cuda_graphs", "cuda_graphs_fell_back", "lane_conv"}
+                           "cuda_graphs", "cuda_graphs_fell_back", "lane_conv", "step_noise"}
     now = set_kernel_options(matmul_tf32=not before["matmul_tf32"], cudnn_autotune=True)
     assert now == kernel_settings()
     assert now["matmul_tf32"] is (not before["matmul_tf32"]) and now["cudnn_benchmark"] is True
@@ -109,12 +109,16 @@ def test_kernel_options_change_the_settings_a_result_records(restore_kernels):
     assert name == "cuda-graphs-off-lane-conv-im2col"
 
 
-def test_a_cpu_result_records_lane_conv_only_when_it_is_not_the_default(restore_kernels):
+def test_a_cpu_result_records_lane_conv_and_step_noise_only_when_not_the_default(restore_kernels):
     from fedlib.results import provenance
 
     assert "kernels" not in provenance(torch.device("cpu"), "vectorized")
     set_kernel_options(lane_conv="im2col")
     assert provenance(torch.device("cpu"), "vectorized")["kernels"] == {"lane_conv": "im2col"}
+    set_kernel_options(lane_conv="grouped", step_noise="counter")
+    assert provenance(torch.device("cpu"), "vectorized")["kernels"] == {"step_noise": "counter"}
+    with pytest.raises(ValueError, match="step_noise"):
+        set_kernel_options(step_noise="philox")
 
 
 def test_kernel_options_are_refused_on_a_cpu_before_any_work(tmp_path, monkeypatch, capsys):
@@ -146,21 +150,30 @@ def test_a_benchmark_with_options_is_kept_apart_from_the_estimates(tmp_path, mon
     assert (per_sample, name) == (2.0 / 100, default.name)
 
 
+RECORD_DP = dict(algorithm="moon_dpap", dp="record", dp_epsilon_per_round=1.0, dp_clip=0.5)
+
+
 @pytest.mark.parametrize("changes", [dict(), dict(algorithm="ldp_fl"), dict(algorithm="fdl"),
                                      dict(algorithm="moon_dpap", dp="central", dp_epsilon_per_round=1.0,
-                                          dp_clip=0.5)],
-                         ids=["fedavg", "ldp_fl", "fdl", "moon_dpap_central"])
-def test_a_vectorized_step_dispatches_as_many_operators_for_2_and_64_lanes(changes):
-    """Issue 37 item 1, where it holds today: the step's operators do not grow with the lanes (nor, for
-    FedAvg and the local-DP family, with the runs of a run batch). Record-level DP-SGD draws its step
-    noise per lane and grows with them, and MOON-DPAP's batched run contexts add a fixed set: open."""
+                                          dp_clip=0.5), RECORD_DP, dict(RECORD_DP, dp_grad="ghost")],
+                         ids=["fedavg", "ldp_fl", "fdl", "moon_dpap_central", "record", "record_ghost"])
+def test_a_vectorized_step_dispatches_as_many_operators_for_2_and_64_lanes_and_1_and_8_runs(
+        changes, restore_kernels):
+    """Issue 37 item 1: the step's computing operators (views excluded: they launch nothing) do not
+    grow with the lanes nor with the runs of a run batch, for every algorithm family. Record-level
+    DP-SGD with its noise drawn by Philox for all lanes at once (``step_noise="counter"``); with a
+    generator per (client, step), the default that keeps the committed results' streams, its count
+    grows with the lanes (checked too, so that this test sees a per-lane draw)."""
     from fedlib.flops import operators_per_step
+    from fedlib.kernels import set_kernel_options
 
     config = Config(model="mlp", batch_size=8, **changes)
+    if config.dp == "record":
+        assert operators_per_step(config, 2) < operators_per_step(config, 8)  # generator: per lane
+        set_kernel_options(step_noise="counter")
     two = operators_per_step(config, 2)
-    assert two == operators_per_step(config, 64) and two > 0
-    if changes.get("algorithm") != "moon_dpap":
-        assert two == operators_per_step(config, 2, runs=8)
+    assert two > 0 and two == operators_per_step(config, 64) == operators_per_step(config, 2, runs=8)
+    assert two == operators_per_step(config, 2, runs=1)
 
 
 def test_the_record_level_step_is_timed_beside_opacus_and_agrees_with_its_ghost_clipping():

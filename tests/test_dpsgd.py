@@ -19,6 +19,7 @@ from fedlib import Config, run
 from fedlib.algorithms.moon_dpap import record_noise_multiplier, record_schedule
 from fedlib.engine import Executor, make_poisson_plan
 from fedlib.experiment import Experiment
+from fedlib.kernels import set_kernel_options
 from fedlib.models import build_model
 from fedlib.privacy.accounting import epsilon_of_gaussian_rounds, rdp_epsilon
 from fedlib.privacy.dpsgd import clip_per_sample, per_sample_grads, private_grad
@@ -94,12 +95,14 @@ def test_private_grad_without_noise_and_clipping_is_the_sum_over_the_expected_ba
         private_grad(_ce(model), params, batch, clip=0.0, expected_batch=8.0, noise=zero)
 
 
-def test_step_noise_is_gaussian_reproducible_and_independent_across_steps():
+@pytest.mark.parametrize("counter", [False, True], ids=["generator", "counter"])
+def test_step_noise_is_gaussian_reproducible_and_independent_across_steps(counter):
     """KS test of 200k draws against N(0, std^2) at a fixed key (false-failure rate 1e-4 for a
     correct sampler) and their std within 1 % (6 standard errors of a sample std at this size;
     KS alone misses a 1 % scale error); the same (client, step) repeats exactly, other steps and
-    clients are uncorrelated."""
-    sn = StepNoise((1, 2, 3), 0.7, (("a", (100_000,)), ("b", (100_000,))), torch.float64, torch.device("cpu"))
+    clients are uncorrelated. Both ways of drawing (fedlib.kernels ``step_noise``)."""
+    sn = StepNoise((1, 2, 3), 0.7, (("a", (100_000,)), ("b", (100_000,))), torch.float64, torch.device("cpu"),
+                   counter=counter)
     d = sn.draw(client=5, step=3)
     x = torch.cat([d["a"], d["b"]]).numpy()
     assert stats.kstest(x / 0.7, "norm").pvalue > 1e-4
@@ -155,12 +158,17 @@ def test_run_accountant_matches_dp_accounting_and_pld_is_tighter():
     assert pld < ours
 
 
-def test_engine_paths_agree_and_the_result_records_the_calibration(tmp_path):
-    """Per-sample clipping, Poisson batches and noise draws agree on every engine path (float64).
-    The MLP: the paths' agreement does not depend on the layers and the CNN took six times longer
-    (the CNN's per-sample gradients are checked against single-sample ones above)."""
+@pytest.mark.parametrize("step_noise", ["generator", "counter"])
+def test_engine_paths_agree_and_the_result_records_the_calibration(tmp_path, restore_kernels, step_noise):
+    """Per-sample clipping, Poisson batches and noise draws agree on every engine path (float64),
+    with either way of drawing the step noise (``counter``: the vectorized path draws every lane's
+    in one call, the sequential one client by client). The MLP: the paths' agreement does not
+    depend on the layers and the CNN took six times longer (the CNN's per-sample gradients are
+    checked against single-sample ones above)."""
+    set_kernel_options(step_noise=step_noise)
     cfg = RECORD.replace(model="mlp")
     ref = run(cfg, engine="sequential", root=tmp_path / "seq", progress=False, device="cpu")
+    assert ref.meta.get("kernels", {}) == ({} if step_noise == "generator" else {"step_noise": "counter"})
     p_ref = load_model(ref, tmp_path / "seq")[1]
     for path, lanes in [("vectorized", "auto"), ("vectorized", "clients"), ("parallel", "auto")]:
         exp = Experiment(cfg, torch.device("cpu"))

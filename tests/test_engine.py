@@ -152,6 +152,24 @@ def test_run_batch_of_local_dp_runs_releases_with_each_runs_own_budget(tmp_path,
         assert _max_diff(_params(alone, tmp_path / "alone"), _params(r, tmp_path / "batch")) < ATOL64
 
 
+@pytest.mark.parametrize("step_noise", ["generator", "counter"])
+def test_run_batch_of_dp_sgd_runs_adds_each_runs_own_step_noise(tmp_path, restore_kernels, step_noise):
+    """Record-level DP-SGD runs with other seeds and budgets in one vectorized run batch: every
+    lane adds its own run's and client's noise at its own std (``counter``: all lanes of a step in
+    one draw, each with its run's key), as when the run is trained alone."""
+    from fedlib.kernels import set_kernel_options
+
+    set_kernel_options(step_noise=step_noise)
+    base = F64.replace(algorithm="moon_dpap", model="mlp", rounds=2, lr=0.02, train_samples=320,
+                       test_samples=100, min_client_samples=10, dp="record", dp_schedule="constant",
+                       dp_epsilon_total=8.0, dp_clip=1.0, client_fraction=1.0)
+    cfgs = [base, base.replace(seed=1, dp_epsilon_total=4.0)]
+    batch = run_many(cfgs, engine="vectorized", root=tmp_path / "batch", progress=False, device="cpu")
+    for c, r in zip(cfgs, batch, strict=True):
+        alone = run(c, engine="sequential", root=tmp_path / "alone", progress=False, device="cpu")
+        assert _max_diff(_params(alone, tmp_path / "alone"), _params(r, tmp_path / "batch")) < ATOL64
+
+
 def test_float32_paths_agree_within_float32_error_of_the_reference(tmp_path):
     """The vectorized and parallel paths in float32 are no further from the float64 result than
     a few times the reference (sequential) path's own float32 error."""

@@ -66,6 +66,16 @@ def test_replayed_step_gives_the_eager_results(case):
     assert _equal(_train(cfg, None, 2), _train(cfg, EagerReplay(), 2))
 
 
+def test_replayed_step_gives_the_eager_results_with_every_lanes_noise_in_one_draw(restore_kernels):
+    """Record-level DP-SGD with ``step_noise="counter"``: the one draw of all lanes' noise (zero std on
+    the finished lane) is loaded into the buffers like the per-lane draws."""
+    from fedlib.kernels import set_kernel_options
+
+    set_kernel_options(step_noise="counter")
+    cfg = BASE.replace(**CASES["moon_dpap_record"])
+    assert _equal(_train(cfg, None, 2), _train(cfg, EagerReplay(), 2))
+
+
 def test_replayed_run_batch_gives_the_eager_results(tmp_path, monkeypatch):
     """A run batch whose runs differ in a client hyperparameter: each lane's run context is a
     buffer too, reloaded when a lane moves on to a client of another run."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from fedlib.kernels import step_noise as step_noise_option
+from fedlib.privacy.philox import gaussians
 from fedlib.privacy.record import note_draw, note_key
 from fedlib.tree import Tree, tmap
 
@@ -78,15 +81,57 @@ class StepNoise:
     #: The L2 sensitivity the noise is calibrated against (the per-sample clip C): each client
     #: records ``std / sensitivity`` as the multiplier its steps released (fedlib.privacy.record).
     sensitivity: float = 1.0
+    #: How the noise is drawn (:func:`fedlib.kernels.step_noise` when the round's noise is made):
+    #: False, ``generator``: a ``torch.Generator`` seeded per (client, step), the stream of every
+    #: committed result; True, ``counter``: Philox4x32-10 keyed by ``key`` and countered by
+    #: (client, step) (:mod:`fedlib.privacy.philox`), so that the lanes of a vectorized step draw
+    #: together in one fixed set of operators (:meth:`lanes`). Both are N(0, std^2) per coordinate.
+    counter: bool = field(default_factory=lambda: step_noise_option() == "counter")
+
+    @property
+    def size(self) -> int:
+        """Coordinates per draw (every tensor of ``shapes``)."""
+        return sum(math.prod(shape) for _, shape in self.shapes)
+
+    def philox_key(self) -> tuple[int, int]:
+        """The two 32-bit Philox key words of this round's noise (from ``key``, as every stream's)."""
+        return tuple(int(w) for w in np.random.SeedSequence(list(self.key)).generate_state(2))
+
+    def split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """(R, size) values as the tree ``shapes`` describes, each leaf (R, *shape) (views)."""
+        out, at = {}, 0
+        for name, shape in self.shapes:
+            k = math.prod(shape)
+            out[name] = flat[:, at:at + k].reshape(flat.shape[0], *shape)
+            at += k
+        return out
 
     def draw(self, client: int, step: int) -> dict[str, torch.Tensor]:
-        note_key("torch", (*self.key, client, step))
-        seed = int(np.random.SeedSequence([*self.key, client, step]).generate_state(1)[0])
-        g = torch.Generator(device=self.device).manual_seed(seed)
-        noise = {name: torch.randn(shape, generator=g, device=self.device, dtype=self.dtype) * self.std
-                 for name, shape in self.shapes}
+        if self.counter:
+            note_key("philox", (*self.key, client, step))
+            key = torch.tensor([self.philox_key()], dtype=torch.int64, device=self.device)
+            stream = torch.tensor([[client, step]], dtype=torch.int64, device=self.device)
+            noise = {k: v[0] for k, v in self.split(gaussians(key, stream, self.size, self.dtype)
+                                                    * self.std).items()}
+        else:
+            note_key("torch", (*self.key, client, step))
+            seed = int(np.random.SeedSequence([*self.key, client, step]).generate_state(1)[0])
+            g = torch.Generator(device=self.device).manual_seed(seed)
+            noise = {name: torch.randn(shape, generator=g, device=self.device, dtype=self.dtype) * self.std
+                     for name, shape in self.shapes}
         note_draw("dpsgd_step", *noise.values())
         return noise
+
+    @staticmethod
+    def lanes(key: torch.Tensor, stream: torch.Tensor, scale: torch.Tensor, like: StepNoise
+              ) -> dict[str, torch.Tensor]:
+        """Every lane's noise of one vectorized step in one draw (``counter`` noise only): lane ``l``
+        gets ``scale[l] * z`` with ``z`` the Philox normals of key ``key[l]`` and stream
+        ``stream[l] = (client, step)``, exactly what :meth:`draw` gives that (client, step) when
+        ``scale[l]`` is its ``std`` (0 on a lane that has finished). The same operators whatever
+        the lanes, and whatever runs they come from (each lane carries its run's key and std)."""
+        flat = gaussians(key, stream, like.size, like.dtype) * scale[:, None]
+        return like.split(flat)
 
     def zeros(self) -> dict[str, torch.Tensor]:
         """The noise of a padded (inactive) step."""

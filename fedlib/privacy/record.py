@@ -116,6 +116,12 @@ def drawing() -> Iterator[DrawLog]:
         _DRAWS.reset(token)
 
 
+def draws_noted() -> bool:
+    """Whether a :func:`drawing` block is open (a caller that would loop only to note its draws
+    asks first)."""
+    return _DRAWS.get() is not None
+
+
 def note_key(kind: str, parts) -> None:
     """Record that a generator of ``kind`` was seeded from the integers ``parts`` (see
     :class:`DrawLog`), in the innermost :func:`drawing` block, if any."""
