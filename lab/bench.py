@@ -459,6 +459,7 @@ def benchmark(config: Config, device: torch.device, rounds: int = 3,
     out["rounds_per_s"] = 1.0 / out["default_s"]
     out.update(flop_rates(config, device, out["default_s"]))
     out["operators_per_step"] = step_operators(config)
+    out["operators_exclude_views"] = True  # (results before 2026-11-26 counted views too)
     out["record_dp_step"] = record_dp_step(config.model, config.batch_size, device=device)
     for name, changes in OTHER_ALGORITHMS.items():
         out[f"{name}_s"] = time_rounds(config.replace(**changes), device, default, rounds)[0]

@@ -17,7 +17,8 @@ KEYS = {"device", "model", "clients", "samples", "floor_s", "sequential_s", "vec
         "default_s", "overhead_sequential", "speedup_vectorized", "default_vs_floor", "rounds_per_s",
         "peak_mem_mb", "moon_s", "scaffold_s", "moon_dpap_dp_s", "default_bf16_s",
         "moon_dpap_state_mb_1000", "run_batch_runs_per_s", "default_gflops", "matmul_peak_gflops",
-        "default_percent_of_peak", "train_mflop_per_sample", "operators_per_step", "record_dp_step"}
+        "default_percent_of_peak", "train_mflop_per_sample", "operators_per_step", "operators_exclude_views",
+        "record_dp_step"}
 #: What the cores can give: measured on a CPU only.
 CPU_KEYS = {"floor_1thread_s", "plain_parallel_s", "plain_parallel_vs_floor"}
 
@@ -174,6 +175,17 @@ def test_a_vectorized_step_dispatches_as_many_operators_for_2_and_64_lanes_and_1
     two = operators_per_step(config, 2)
     assert two > 0 and two == operators_per_step(config, 64) == operators_per_step(config, 2, runs=8)
     assert two == operators_per_step(config, 2, runs=1)
+
+
+def test_moon_dpaps_cnn_step_does_not_grow_with_the_runs_of_a_run_batch():
+    """With the CNN, a run batch (2 runs or more) computes MOON's frozen global-model pass with each
+    lane's own run's weights (a grouped convolution: 4 more operators than one run's shared weights,
+    measured), and from then on the count is the same whatever the runs."""
+    from fedlib.flops import operators_per_step
+
+    config = Config(model="cnn", batch_size=8, algorithm="moon_dpap", dp="central", dp_epsilon_per_round=1.0,
+                    dp_clip=0.5)
+    assert operators_per_step(config, 2, runs=2) == operators_per_step(config, 2, runs=8)
 
 
 def test_the_record_level_step_is_timed_beside_opacus_and_agrees_with_its_ghost_clipping():
