@@ -217,17 +217,27 @@ def _batch(x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, weight: torch.Te
 
 def _selection(lp: LanePlan, j: int, active: torch.Tensor) -> dict:
     """What the lanes' step ``j`` reads besides their state (for :class:`fedlib.graphs.CapturedStep`):
-    the minibatch selection of :func:`_batch` and which lanes are still active (``active``: (L, S))."""
+    the minibatch selection of :func:`_batch` and which lanes are still active (``active``: (L, S)).
+    DP-SGD noise: drawn here, or with ``counter`` noise only its keys, streams and stds, so that the
+    captured step draws it itself (:func:`_selected_batch`) and no noise is copied in."""
     sel = {"idx": lp.idx[:, j], "weight": lp.weight[:, j], "active": active[:, j]}
     if lp.drop is not None:
         sel["drop"] = lp.drop[:, j]
     if lp.has_noise:
-        sel["noise"] = lp.step_noise(j)
+        if lp.sources[0][0].noise.counter:
+            sel["noise_key"], sel["noise_stream"], sel["noise_scale"] = (v[:, j] for v in lp.counter_inputs())
+        else:
+            sel["noise"] = lp.step_noise(j)
     return sel
 
 
-def _selected_batch(x: torch.Tensor, y: torch.Tensor, sel: dict) -> dict:
-    return _batch(x, y, sel["idx"], sel["weight"], sel.get("drop"), sel.get("noise"))
+def _selected_batch(x: torch.Tensor, y: torch.Tensor, sel: dict, noise: StepNoise | None = None) -> dict:
+    """The batch of :func:`_batch` from a selection; ``counter`` noise drawn from the selection's keys
+    (``noise``: the round's :class:`StepNoise`, for its shapes and dtype)."""
+    drawn = sel.get("noise")
+    if "noise_key" in sel:
+        drawn = StepNoise.lanes(sel["noise_key"], sel["noise_stream"], sel["noise_scale"], noise)
+    return _batch(x, y, sel["idx"], sel["weight"], sel.get("drop"), drawn)
 
 
 def _client_batch(x, y, plan: RoundPlan, i: int, s: int) -> dict:
@@ -326,9 +336,7 @@ class LanePlan:
         ``counter`` noise one draw for all lanes (:meth:`StepNoise.lanes`), else one per lane."""
         like = self.sources[0][0].noise
         if like.counter:
-            if self._lane_keys is None:
-                self._lane_keys = self._counter_keys()
-            key, stream, scale = self._lane_keys
+            key, stream, scale = self.counter_inputs()
             noise = StepNoise.lanes(key[:, j], stream[:, j], scale[:, j], like)
             if draws_noted():  # a test's draw log: each lane's key and values, as draw() notes them
                 for lane in np.flatnonzero(self.row[:, j] >= 0):
@@ -346,9 +354,15 @@ class LanePlan:
                 parts.append(plan.step_noise(i, int(self.local_step[lane, j])))
         return stack(parts)
 
+    def counter_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per (lane, step), made once per round (``counter`` noise): the Philox key of the lane's run
+        (L, S, 2), its (client, local step) stream (L, S, 2) and its noise std (L, S; 0 where the lane
+        has finished)."""
+        if self._lane_keys is None:
+            self._lane_keys = self._counter_keys()
+        return self._lane_keys
+
     def _counter_keys(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per (lane, step), once per round: the Philox key of the lane's run (L, S, 2), its
-        (client, local step) stream (L, S, 2) and its noise std (L, S; 0 where the lane has finished)."""
         like = self.sources[0][0].noise
         if any(not plan.noise.counter or plan.noise.shapes != like.shapes for plan, _ in self.sources):
             raise ValueError("runs stacked in one group must all draw counter noise of one shape")
@@ -488,7 +502,8 @@ def run_vectorized(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, works: lis
     if capture is not None and capture_failure() is None:  # after a failed capture: eager
         active_steps = torch.from_numpy(row >= 0).to(device)  # (L, S), once: no copy per step
         try:
-            captured = CapturedStep(lambda sel: _selected_batch(x, y, sel),
+            round_noise = lp.sources[0][0].noise if lp.has_noise else None
+            captured = CapturedStep(lambda sel: _selected_batch(x, y, sel, round_noise),
                                     lambda st, b, c, cx: step(ids, st, b, c, cx),
                                     s, _selection(lp, 0, active_steps), lane_cstate, lane_cx, capture,
                                     tag=(type(algo).__name__, algo.config.key()))

@@ -66,14 +66,20 @@ def test_replayed_step_gives_the_eager_results(case):
     assert _equal(_train(cfg, None, 2), _train(cfg, EagerReplay(), 2))
 
 
-def test_replayed_step_gives_the_eager_results_with_every_lanes_noise_in_one_draw(restore_kernels):
-    """Record-level DP-SGD with ``step_noise="counter"``: the one draw of all lanes' noise (zero std on
-    the finished lane) is loaded into the buffers like the per-lane draws."""
+def test_replayed_step_draws_every_lanes_noise_itself(restore_kernels, monkeypatch):
+    """Record-level DP-SGD with ``step_noise="counter"``: the captured step is loaded with the lanes'
+    Philox keys, streams and stds only (no noise is copied in) and draws all lanes' noise itself (zero
+    std on the finished lane), giving the eager step's results."""
     from fedlib.kernels import set_kernel_options
 
     set_kernel_options(step_noise="counter")
     cfg = BASE.replace(**CASES["moon_dpap_record"])
-    assert _equal(_train(cfg, None, 2), _train(cfg, EagerReplay(), 2))
+    eager = _train(cfg, None, 2)
+    loaded = []
+    real = engine_mod._selection
+    monkeypatch.setattr(engine_mod, "_selection", lambda *a: loaded.append(real(*a)) or loaded[-1])
+    assert _equal(eager, _train(cfg, EagerReplay(), 2))
+    assert loaded and all("noise" not in sel and sel["noise_key"].shape == (2, 2) for sel in loaded)
 
 
 def test_replayed_run_batch_gives_the_eager_results(tmp_path, monkeypatch):
