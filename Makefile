@@ -71,12 +71,12 @@ book: chromium notebooks
 # is printed). make test-full: the rest (slow end-to-end checks and heavy statistical audits);
 # .ci/run runs both.
 test: $(DATA_STAMP) $(FLOWER_STAMP)
-	$(VENV)/bin/ruff check fedlib studies lab tests
+	$(VENV)/bin/ruff check fedlib studies lab tests notebooks
 	@start=$$(date +%s); $(PY) -m pytest -m "not heavy and not e2e"; rc=$$?; \
 	echo "make test: pytest took $$(( $$(date +%s) - start )) s of wall time"; exit $$rc
 
 test-full: $(DATA_STAMP) $(FLOWER_STAMP)
-	$(VENV)/bin/ruff check fedlib studies lab tests
+	$(VENV)/bin/ruff check fedlib studies lab tests notebooks
 	@start=$$(date +%s); $(PY) -m pytest -m "heavy or e2e"; rc=$$?; \
 	echo "make test-full: pytest took $$(( $$(date +%s) - start )) s of wall time"; exit $$rc
 

@@ -25,6 +25,7 @@ from fedlib.algorithms import ALGORITHMS, Algorithm, RoundContext
 from fedlib.algorithms.base import RELEASE_PREFIX
 from fedlib.config import Config
 from fedlib.engine import Executor, Work, make_plan, make_poisson_plan
+from fedlib.kernels import noise_ahead
 from fedlib.models import build_model
 from fedlib.partition import partition
 from fedlib.privacy.guarantee import Accountant
@@ -124,6 +125,8 @@ class Experiment:
         algo = self.algo
         selected = algo.sample_clients(t)
         ctx = RoundContext(t, self.gparams, algo.hyper(t), algo.broadcast(self.server_state))
+        if noise_ahead(self.device):
+            algo.prefetch_server_noise(ctx)
         if not selected:
             return selected, Work(None, None, ctx)  # type: ignore[arg-type]
         plan = self.plan(t, selected, self.gparams)

@@ -26,11 +26,16 @@ import torch
 #: fedlib's own speed options (process-wide, like PyTorch's flags): see :func:`set_kernel_options`.
 #: CUDA graphs are on by default on CUDA (issue 37): a capture that fails falls back to the eager
 #: step (:func:`note_capture_failure`), which the results record.
-_OPTIONS: dict[str, bool | str] = {"cuda_graphs": True, "lane_conv": "grouped", "step_noise": "generator"}
+_OPTIONS: dict[str, bool | str] = {"cuda_graphs": True, "lane_conv": "grouped", "step_noise": "generator",
+                                   "noise_ahead": "auto"}
 #: How :class:`fedlib.models.LaneConv2d` computes (see the module's docstring).
 LANE_CONVS = ("grouped", "im2col")
 #: How record-level DP-SGD's step noise is drawn (see the module's docstring).
 STEP_NOISES = ("generator", "counter")
+#: When the server's exact discrete Gaussian is drawn ahead, in a worker thread while the clients
+#: train (:func:`fedlib.privacy.central.prefetch_noisy_sum`; the same values either way, so results
+#: do not record it): ``auto``, on CUDA only (a CPU's cores are busy training); ``on``; ``off``.
+NOISE_AHEAD = ("auto", "on", "off")
 #: The options that act on every device, with their defaults (a CPU result records the others).
 DEVICE_OPTIONS = {"lane_conv": "grouped", "step_noise": "generator"}
 #: Why the first capture of this process failed (empty: none failed); from then on the step is eager.
@@ -78,12 +83,13 @@ def kernel_settings() -> dict[str, bool | str]:
             "cuda_graphs": bool(_OPTIONS["cuda_graphs"]),
             "cuda_graphs_fell_back": capture_failure() is not None,
             "lane_conv": str(_OPTIONS["lane_conv"]),
-            "step_noise": str(_OPTIONS["step_noise"])}
+            "step_noise": str(_OPTIONS["step_noise"]), "noise_ahead": str(_OPTIONS["noise_ahead"])}
 
 
 def set_kernel_options(*, matmul_tf32: bool | None = None, cudnn_autotune: bool | None = None,
                        cudnn_tf32: bool | None = None, cuda_graphs: bool | None = None,
-                       lane_conv: str | None = None, step_noise: str | None = None) -> dict[str, bool | str]:
+                       lane_conv: str | None = None, step_noise: str | None = None,
+                       noise_ahead: str | None = None) -> dict[str, bool | str]:
     """Turn the speed options of :func:`kernel_settings` on or off (None: leave as is) and return
     the settings now in force. Autotuning keeps cuDNN's deterministic flag: it picks the fastest
     *deterministic* algorithm for each shape, timed at first use, so which one it picks (and the
@@ -95,6 +101,10 @@ def set_kernel_options(*, matmul_tf32: bool | None = None, cudnn_autotune: bool 
         if lane_conv not in LANE_CONVS:
             raise ValueError(f"lane_conv must be one of {LANE_CONVS}, got {lane_conv!r}")
         _OPTIONS["lane_conv"] = lane_conv
+    if noise_ahead is not None:
+        if noise_ahead not in NOISE_AHEAD:
+            raise ValueError(f"noise_ahead must be one of {NOISE_AHEAD}, got {noise_ahead!r}")
+        _OPTIONS["noise_ahead"] = noise_ahead
     if step_noise is not None:
         if step_noise not in STEP_NOISES:
             raise ValueError(f"step_noise must be one of {STEP_NOISES}, got {step_noise!r}")
@@ -131,3 +141,9 @@ def device_options() -> dict[str, str]:
     """The options of every device (``lane_conv``, ``step_noise``) that differ from their defaults:
     what a CPU result records (``meta.kernels``), empty for a default run."""
     return {k: str(_OPTIONS[k]) for k, default in DEVICE_OPTIONS.items() if _OPTIONS[k] != default}
+
+
+def noise_ahead(device: torch.device) -> bool:
+    """Whether a run on ``device`` draws its server noise ahead (the ``noise_ahead`` option)."""
+    mode = _OPTIONS["noise_ahead"]
+    return mode == "on" or (mode == "auto" and device.type == "cuda")

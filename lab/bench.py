@@ -559,6 +559,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="how record-level DP-SGD draws its step noise (fedlib.kernels: generator, a "
                         "torch.Generator per client and step and the default, or counter, Philox for "
                         "every lane in one draw); any device")
+    p.add_argument("--noise-ahead", choices=["auto", "on", "off"], default=None,
+                   help="draw the server's exact discrete Gaussian in a worker thread while the clients "
+                        "train (fedlib.kernels; auto, the default: on CUDA only; the same values either way)")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     p.add_argument("--save", action="store_true", help="write the result with provenance under data/bench/")
     args = p.parse_args(argv)
@@ -572,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     if options and device.type != "cuda":
         p.error(f"{', '.join('--' + k.replace('_', '-') for k in options)}: CUDA kernel options, "
                 f"but this benchmark runs on {device}")
-    for option in ("lane_conv", "step_noise"):
+    for option in ("lane_conv", "step_noise", "noise_ahead"):
         if getattr(args, option) is not None:
             options[option] = getattr(args, option)
     kernels = set_kernel_options(**options)

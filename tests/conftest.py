@@ -26,7 +26,8 @@ def restore_kernels():
     yield
     set_kernel_options(matmul_tf32=before["matmul_tf32"], cudnn_tf32=before["cudnn_tf32"],
                        cudnn_autotune=before["cudnn_benchmark"], cuda_graphs=before["cuda_graphs"],
-                       lane_conv=before["lane_conv"], step_noise=before["step_noise"])
+                       lane_conv=before["lane_conv"], step_noise=before["step_noise"],
+                       noise_ahead=before["noise_ahead"])
 
 
 @pytest.fixture(autouse=True)

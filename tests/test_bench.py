@@ -97,7 +97,8 @@ def test_scale_figures_and_saved_provenance(tmp_path):
 def test_kernel_options_change_the_settings_a_result_records(restore_kernels):
     before = kernel_settings()
     assert set(before) == {"cudnn_deterministic", "cudnn_benchmark", "cudnn_tf32", "matmul_tf32",
-                           "cuda_graphs", "cuda_graphs_fell_back", "lane_conv", "step_noise"}
+                           "cuda_graphs", "cuda_graphs_fell_back", "lane_conv", "step_noise",
+                           "noise_ahead"}
     now = set_kernel_options(matmul_tf32=not before["matmul_tf32"], cudnn_autotune=True)
     assert now == kernel_settings()
     assert now["matmul_tf32"] is (not before["matmul_tf32"]) and now["cudnn_benchmark"] is True

@@ -332,3 +332,20 @@ def test_counter_step_noise_on_the_gpu_trains_the_cpus_model_in_float64(tmp_path
     gpu = run(cfg, engine="vectorized", device="cuda", root=tmp_path / "gpu", progress=False)
     assert gpu.meta["kernels"]["step_noise"] == "counter" and cpu.meta["kernels"] == {"step_noise": "counter"}
     assert _max_diff(load_model(cpu, tmp_path / "cpu")[1], load_model(gpu, tmp_path / "gpu")[1]) < ATOL64
+
+
+def test_server_noise_drawn_ahead_on_cuda_changes_nothing(tmp_path, restore_kernels):
+    """On CUDA the server's discrete Gaussian is drawn ahead by default, in a worker thread while the
+    clients train: the run equals the same run with it off (float64: any other noise would differ by
+    its scale, far above rounding)."""
+    from fedlib.kernels import noise_ahead, set_kernel_options
+
+    assert noise_ahead(CUDA)
+    cfg = _config("moon_dpap", rounds=3, precision="float64")
+    ahead = run(cfg, engine="vectorized", device="cuda", root=tmp_path / "ahead", progress=False)
+    set_kernel_options(noise_ahead="off")
+    inline = run(cfg, engine="vectorized", device="cuda", root=tmp_path / "inline", progress=False)
+    assert ahead.meta["kernels"]["noise_ahead"] == "auto"
+    assert inline.meta["kernels"]["noise_ahead"] == "off"
+    models = load_model(ahead, tmp_path / "ahead")[1], load_model(inline, tmp_path / "inline")[1]
+    assert _max_diff(*models) < ATOL64

@@ -458,3 +458,61 @@ def test_gaussian_calibration_refuses_a_budget_outside_its_domain(epsilon, delta
     mechanism is (epsilon, 0)-DP) or of 1 or more (no guarantee at all), are errors, not a sigma."""
     with pytest.raises(ValueError):
         gaussian_sigma(epsilon, delta)
+
+
+def test_noise_drawn_ahead_is_the_noise_noisy_sum_draws():
+    """The server's discrete Gaussian drawn ahead in a worker thread (prefetch_noisy_sum) is the
+    same stream and calls: noisy_sum then adds exactly the values it would draw itself, takes them
+    only where key, sizes and sigma all match (another sigma: drawn as usual, same result as without
+    any prefetch), and notes the same key and draws for the audits."""
+    from fedlib.privacy import central
+    from fedlib.privacy.guarantee import Relation
+    from fedlib.privacy.record import drawing
+
+    torch.manual_seed(0)
+    clipped = {"a": torch.randn(3, 40, 5) * 1e-3, "b": torch.randn(3, 7) * 1e-3}
+    like = {k: v[0] for k, v in clipped.items()}
+    seed = (11, 22, 3)
+    central._AHEAD.clear()
+    try:
+        with drawing() as plain_log:
+            plain = central.noisy_sum(clipped, 0.5, 2.0, Relation.REPLACE_ONE, seed)
+        central.prefetch_noisy_sum(like, 0.5, 2.0, Relation.REPLACE_ONE, seed)
+        central.prefetch_noisy_sum(like, 0.5, 3.0, Relation.REPLACE_ONE, seed)  # not this call's sigma
+        assert len(central._AHEAD) == 2
+        with drawing() as ahead_log:
+            ahead = central.noisy_sum(clipped, 0.5, 2.0, Relation.REPLACE_ONE, seed)
+        assert len(central._AHEAD) == 1  # the matching draws were taken, the other left
+        assert all(torch.equal(plain[k], ahead[k]) for k in plain)
+        assert ahead_log.keys == plain_log.keys
+        assert [d.digest for d in ahead_log] == [d.digest for d in plain_log]
+        other = central.noisy_sum(clipped, 0.5, 2.5, Relation.REPLACE_ONE, seed)  # nothing ahead for it
+        again = central.noisy_sum(clipped, 0.5, 2.5, Relation.REPLACE_ONE, seed)
+        assert all(torch.equal(other[k], again[k]) for k in other) and len(central._AHEAD) == 1
+    finally:
+        central._AHEAD.clear()
+
+
+def test_a_moon_dpap_run_drawing_its_server_noise_ahead_is_the_same_run(tmp_path, restore_kernels,
+                                                                          monkeypatch):
+    """MOON-DPAP with central DP and the server noise drawn ahead (``noise_ahead="on"``; the CUDA
+    default) writes the same model as without, and every round's noisy sum takes the draws made
+    ahead for it."""
+    from fedlib.kernels import set_kernel_options
+    from fedlib.privacy import central
+    from fedlib.run import load_model, run
+
+    cfg = Config(algorithm="moon_dpap", dp="central", dp_epsilon_per_round=4.0, dp_clip=0.5, model="mlp",
+                 clients=4, train_samples=320, test_samples=100, rounds=3, min_client_samples=10)
+    set_kernel_options(noise_ahead="off")
+    off = run(cfg, engine="sequential", root=tmp_path / "off", progress=False, device="cpu")
+    hits = []
+    real = central._draw_all
+    monkeypatch.setattr(central, "_draw_all", lambda *a: hits.append(1) or real(*a))
+    set_kernel_options(noise_ahead="on")
+    on = run(cfg, engine="sequential", root=tmp_path / "on", progress=False, device="cpu")
+    a, b = load_model(off, tmp_path / "off")[1], load_model(on, tmp_path / "on")[1]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert len(hits) == cfg.rounds and not central._AHEAD  # drawn ahead once a round, all taken
+    with pytest.raises(ValueError, match="noise_ahead"):
+        set_kernel_options(noise_ahead="sometimes")

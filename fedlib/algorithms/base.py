@@ -130,6 +130,12 @@ class Algorithm:
         """What clients receive besides the global model (e.g. SCAFFOLD's control variate)."""
         return {}
 
+    def prefetch_server_noise(self, ctx: RoundContext) -> None:
+        """Called when round ``ctx.t`` begins, where noise is drawn ahead
+        (:func:`fedlib.kernels.noise_ahead`): start drawing the noise the server step will add, if
+        it can be drawn before the uploads arrive (:func:`fedlib.privacy.central.prefetch_noisy_sum`).
+        Nothing here."""
+
     def bind_clients(self, sizes: list[int]) -> None:
         """Called once by the run, before training, with each client's number of training
         samples (record-level DP calibrates its noise from them). Nothing here."""

@@ -59,7 +59,7 @@ from fedlib.algorithms.base import Params, RoundContext
 from fedlib.algorithms.moon import Moon
 from fedlib.config import Config
 from fedlib.privacy.accounting import calibrate_rdp, gaussian_sigma, rdp_epsilon
-from fedlib.privacy.central import noisy_one, noisy_sum
+from fedlib.privacy.central import noisy_one, noisy_sum, prefetch_noisy_sum
 from fedlib.privacy.clipping import clip_by_l2
 from fedlib.privacy.dpsgd import private_grad
 from fedlib.privacy.ghost import private_grad_ghost
@@ -256,6 +256,14 @@ class MoonDpap(Moon):
         return {"delta": noised}, {}
 
     # ---- server ---------------------------------------------------------------------------
+    def prefetch_server_noise(self, ctx):
+        """Central DP: the exact discrete Gaussian of this round's noisy sum, drawn while the clients
+        train (the same key, sigma and sizes as :meth:`server_update`'s call)."""
+        c = self.config
+        if c.dp == "central" and c.secure_noise and c.randomness != "secret":
+            prefetch_noisy_sum(ctx.gparams, c.dp_clip, ctx.hyper["noise_multiplier"], Relation.REPLACE_ONE,
+                               self.noise_seed(Stream.CENTRAL_NOISE, ctx.t))
+
     def server_update(self, gparams, server_state, uploads, weights, ctx):
         c = self.config
         if c.dp in ("none", "record"):  # record: the uploads are already private (post-processing)
