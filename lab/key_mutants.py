@@ -241,7 +241,7 @@ _SAMPLING = ("the record-level run's Poisson sampling (fedlib.experiment) uses t
              "step) of five: no key is shared (SeedSequence hashes the whole list, so a longer key is "
              "another stream), and the two feed different generators (numpy's for the sampling, "
              "torch's for the noise); the tests' key check, which fails on a repeated key, passes")
-_CENTRAL_LINE = "Relation.REPLACE_ONE, self.noise_seed(Stream.CENTRAL_NOISE, ctx.t),"
+_CENTRAL_LINE = "return self.noise_seed(Stream.CENTRAL_NOISE, ctx.t)"
 _SAMPLING_LINE = "keys = [algo.noise_seed(Stream.RECORD_SAMPLING, t, cid) for cid in selected]"
 _CENTRAL_EXCLUSIVE = ("MOON-DPAP's DP modes are exclusive (config.dp is one of none, record, central, "
                       "local): a client-level (central) run draws no {} noise, so the stream is this "

@@ -206,8 +206,8 @@ MUTATIONS = {
     "moon_dpap central: add/remove sensitivity": (
         "moon_dpap_central",
         moon_dpap,
-        "Relation.REPLACE_ONE, self.noise_seed(Stream.CENTRAL_NOISE",
-        "Relation.ADD_REMOVE, self.noise_seed(Stream.CENTRAL_NOISE",
+        "Relation.REPLACE_ONE, self.central_noise_seed(ctx)",
+        "Relation.ADD_REMOVE, self.central_noise_seed(ctx)",
     ),
     "moon_dpap local: half the noise": (
         "moon_dpap_local",

@@ -262,7 +262,11 @@ class MoonDpap(Moon):
         c = self.config
         if c.dp == "central" and c.secure_noise and c.randomness != "secret":
             prefetch_noisy_sum(ctx.gparams, c.dp_clip, ctx.hyper["noise_multiplier"], Relation.REPLACE_ONE,
-                               self.noise_seed(Stream.CENTRAL_NOISE, ctx.t))
+                               self.central_noise_seed(ctx))
+
+    def central_noise_seed(self, ctx) -> tuple[int, ...]:
+        """The key of round ``ctx.t``'s central noise (the server step's, and its draw ahead)."""
+        return self.noise_seed(Stream.CENTRAL_NOISE, ctx.t)
 
     def server_update(self, gparams, server_state, uploads, weights, ctx):
         c = self.config
@@ -271,7 +275,7 @@ class MoonDpap(Moon):
         else:
             if c.dp == "central":
                 total = noisy_sum(uploads["delta"], c.dp_clip, ctx.hyper["noise_multiplier"],
-                                  Relation.REPLACE_ONE, self.noise_seed(Stream.CENTRAL_NOISE, ctx.t),
+                                  Relation.REPLACE_ONE, self.central_noise_seed(ctx),
                                   c.secure_noise, server_state.get("masks"))
             else:
                 total = {k: d.sum(0) for k, d in uploads["delta"].items()}

@@ -51,9 +51,11 @@ from fedlib.tree import Tree, leaves, tmap
 NORM_SLACK = 2.0**-20
 
 
-#: Noise of :func:`noisy_sum` being drawn ahead (:func:`prefetch_noisy_sum`), by what determines it.
+#: Noise of :func:`noisy_sum` being drawn ahead (:func:`prefetch_noisy_sum`), by what determines it;
+#: at most one round of a run batch's runs (the campaign batches up to a few dozen runs; 3.4 MB each
+#: for the CNN), the oldest dropped first (drawn again by noisy_sum if it still comes).
 _AHEAD: OrderedDict[tuple, Future] = OrderedDict()
-_AHEAD_MAX = 8
+_AHEAD_MAX = 64
 _WORKER: list[ThreadPoolExecutor] = []
 
 
@@ -65,7 +67,9 @@ def _sizes(tree: Tree, leading: int) -> tuple:
 
 
 def _discrete_sigma(clip: float, noise_multiplier: float, relation: Relation, dims: int) -> float:
-    return noise_multiplier * grid_sensitivity(clip, relation, dims, grid_for(clip))
+    """The discrete Gaussian's std, in grid steps, for ``noise_multiplier`` times the sensitivity."""
+    sigma = noise_multiplier * grid_sensitivity(clip, relation, dims, grid_for(clip))
+    return sigma
 
 
 def _draw_all(sizes: tuple, sigma: float, rng: np.random.Generator) -> list[np.ndarray]:
