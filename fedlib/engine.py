@@ -48,7 +48,7 @@ from torch.overrides import TorchFunctionMode
 
 from fedlib.algorithms.base import RELEASE_PREFIX, Algorithm, RoundContext
 from fedlib.graphs import CaptureBackend, CapturedStep, capture_backend
-from fedlib.kernels import capture_failure, note_capture_failure
+from fedlib.kernels import capture_failure, note_capture_failure, prepare_host_memory
 from fedlib.privacy.discrete import rng_for
 from fedlib.privacy.noise import StepNoise, generator_for
 from fedlib.privacy.record import Release, client_summary, draws_noted, note, note_draw, note_key, recording
@@ -717,6 +717,7 @@ class Executor:
                  workers: int | None = None, lanes: str | int = "auto"):
         check_path(path, x.device)
         lane_count([1], lanes)  # validates ``lanes``
+        prepare_host_memory(x.device)  # before the workers fork: they inherit it
         self.path, self.algo, self.x, self.y, self.lanes = path, algo, x, y, lanes
         #: How the vectorized path records its step (None: eager), see :mod:`fedlib.graphs`.
         self.capture = capture_backend(x.device) if path == "vectorized" else None

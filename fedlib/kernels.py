@@ -14,7 +14,9 @@ each device (issue 37 item 4). And ``step_noise``, how record-level DP-SGD draws
 (client, step) (:class:`fedlib.privacy.noise.StepNoise`): ``generator``, a ``torch.Generator``
 seeded per pair (the stream of every committed result), or ``counter``, Philox4x32-10 in tensor
 operations (:mod:`fedlib.privacy.philox`), every lane of a vectorized step in one draw (issue 37
-items 1 and 3). A CPU result records these two only when they are not the default.
+items 1 and 3). A CPU result records these two only when they are not the default. And
+``host_memory``, whether CPU training keeps freed host memory for the next step
+(:mod:`fedlib.host_memory`: ``reuse``, the default, or ``system``; the same numbers either way).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import torch
 #: CUDA graphs are on by default on CUDA (issue 37): a capture that fails falls back to the eager
 #: step (:func:`note_capture_failure`), which the results record.
 _OPTIONS: dict[str, bool | str] = {"cuda_graphs": True, "lane_conv": "grouped", "step_noise": "generator",
-                                   "noise_ahead": "auto"}
+                                   "noise_ahead": "auto",
+                                   "host_memory": os.environ.get("FEDLIB_HOST_MEMORY", "reuse")}
 #: How :class:`fedlib.models.LaneConv2d` computes (see the module's docstring).
 LANE_CONVS = ("grouped", "im2col")
 #: How record-level DP-SGD's step noise is drawn (see the module's docstring).
@@ -36,6 +39,11 @@ STEP_NOISES = ("generator", "counter")
 #: train (:func:`fedlib.privacy.central.prefetch_noisy_sum`; the same values either way, so results
 #: do not record it): ``auto``, on CUDA only (a CPU's cores are busy training); ``on``; ``off``.
 NOISE_AHEAD = ("auto", "on", "off")
+#: Whether CPU training keeps freed host memory for reuse (:mod:`fedlib.host_memory`); the same
+#: numbers either way. Its default can be set with the environment variable ``FEDLIB_HOST_MEMORY``.
+HOST_MEMORY = ("reuse", "system")
+if _OPTIONS["host_memory"] not in HOST_MEMORY:
+    raise ValueError(f"FEDLIB_HOST_MEMORY must be one of {HOST_MEMORY}, got {_OPTIONS['host_memory']!r}")
 #: The options that act on every device, with their defaults (a CPU result records the others).
 DEVICE_OPTIONS = {"lane_conv": "grouped", "step_noise": "generator"}
 #: Why the first capture of this process failed (empty: none failed); from then on the step is eager.
@@ -89,7 +97,8 @@ def kernel_settings() -> dict[str, bool | str]:
 def set_kernel_options(*, matmul_tf32: bool | None = None, cudnn_autotune: bool | None = None,
                        cudnn_tf32: bool | None = None, cuda_graphs: bool | None = None,
                        lane_conv: str | None = None, step_noise: str | None = None,
-                       noise_ahead: str | None = None) -> dict[str, bool | str]:
+                       noise_ahead: str | None = None,
+                       host_memory: str | None = None) -> dict[str, bool | str]:
     """Turn the speed options of :func:`kernel_settings` on or off (None: leave as is) and return
     the settings now in force. Autotuning keeps cuDNN's deterministic flag: it picks the fastest
     *deterministic* algorithm for each shape, timed at first use, so which one it picks (and the
@@ -101,6 +110,10 @@ def set_kernel_options(*, matmul_tf32: bool | None = None, cudnn_autotune: bool 
         if lane_conv not in LANE_CONVS:
             raise ValueError(f"lane_conv must be one of {LANE_CONVS}, got {lane_conv!r}")
         _OPTIONS["lane_conv"] = lane_conv
+    if host_memory is not None:
+        if host_memory not in HOST_MEMORY:
+            raise ValueError(f"host_memory must be one of {HOST_MEMORY}, got {host_memory!r}")
+        _OPTIONS["host_memory"] = host_memory
     if noise_ahead is not None:
         if noise_ahead not in NOISE_AHEAD:
             raise ValueError(f"noise_ahead must be one of {NOISE_AHEAD}, got {noise_ahead!r}")
@@ -141,6 +154,16 @@ def device_options() -> dict[str, str]:
     """The options of every device (``lane_conv``, ``step_noise``) that differ from their defaults:
     what a CPU result records (``meta.kernels``), empty for a default run."""
     return {k: str(_OPTIONS[k]) for k, default in DEVICE_OPTIONS.items() if _OPTIONS[k] != default}
+
+
+def prepare_host_memory(device: torch.device) -> str:
+    """Before CPU training: keep freed host memory for reuse where the ``host_memory`` option says
+    so (:func:`fedlib.host_memory.keep_freed_memory`, once per process); returns
+    :func:`fedlib.host_memory.state`. Nothing to do on other devices."""
+    from fedlib import host_memory
+    if device.type == "cpu" and _OPTIONS["host_memory"] == "reuse":
+        host_memory.keep_freed_memory()
+    return host_memory.state()
 
 
 def noise_ahead(device: torch.device) -> bool:

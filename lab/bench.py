@@ -69,7 +69,7 @@ import torch.nn.functional as F
 from fedlib.config import Config
 from fedlib.engine import Executor, cpu_workers, default_path, worker_start_method
 from fedlib.experiment import Experiment, RunBatch, evaluate
-from fedlib.kernels import device_options, set_kernel_options
+from fedlib.kernels import device_options, prepare_host_memory, set_kernel_options
 from fedlib.models import build_model
 from fedlib.results import REPO_ROOT, atomic_write_bytes, provenance
 from fedlib.run import pick_device
@@ -442,6 +442,8 @@ def benchmark(config: Config, device: torch.device, rounds: int = 3,
                  "model": config.model, "dataset": config.dataset, "clients": config.clients,
                  "samples": config.n_train, "batch_size": config.batch_size,
                  "threads": torch.get_num_threads()}
+    if cpu:  # before the floor too, so that the plain loop and the engine allocate alike
+        out["host_memory"] = prepare_host_memory(device)
     out["floor_s"] = time_floor(config, device)
     if cpu:
         out["floor_1thread_s"] = time_floor(config, device, repeats=2, threads=1)
@@ -562,6 +564,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--noise-ahead", choices=["auto", "on", "off"], default=None,
                    help="draw the server's exact discrete Gaussian in a worker thread while the clients "
                         "train (fedlib.kernels; auto, the default: on CUDA only; the same values either way)")
+    p.add_argument("--host-memory", choices=["reuse", "system"], default=None,
+                   help="keep freed host memory for the next step (reuse, the default) or leave glibc's "
+                        "own behaviour (system); fedlib.host_memory, the same numbers either way")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     p.add_argument("--save", action="store_true", help="write the result with provenance under data/bench/")
     args = p.parse_args(argv)
@@ -575,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     if options and device.type != "cuda":
         p.error(f"{', '.join('--' + k.replace('_', '-') for k in options)}: CUDA kernel options, "
                 f"but this benchmark runs on {device}")
-    for option in ("lane_conv", "step_noise", "noise_ahead"):
+    for option in ("lane_conv", "step_noise", "noise_ahead", "host_memory"):
         if getattr(args, option) is not None:
             options[option] = getattr(args, option)
     kernels = set_kernel_options(**options)
