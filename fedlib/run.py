@@ -93,6 +93,11 @@ class Trainee:
         self.personal = True
         #: The code commit that wrote the checkpoint this run resumed from (None: not resumed).
         self.resumed_commit: str | None = None
+        #: The engine path that trained the rounds before the checkpoint (None: not resumed, or a
+        #: checkpoint written before 2026-11-26, which did not record it).
+        self.resumed_engine: str | None = None
+        #: The engine path training this run now (set by the caller; written into checkpoints).
+        self.path: str | None = None
         self.ckpt = checkpoint_path(config, root)
         self.out = result_path(config, root)
         if self.ckpt.exists() and not force:
@@ -109,6 +114,7 @@ class Trainee:
             self.exp.load_state_dict(saved["state"])
             self.history, self.first_round = list(saved["history"]), int(saved["next_round"])
             self.resumed_commit = saved.get("commit")
+            self.resumed_engine = saved.get("engine")
         except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: start again, keep the file
             self.exp = Experiment(self.config, dev)
             self.history, self.first_round = [], 0
@@ -133,7 +139,8 @@ class Trainee:
 
     def checkpoint(self, next_round: int) -> None:
         atomic_torch_save({"state": self.exp.state_dict(), "history": self.history, "next_round": next_round,
-                           "config_key": self.config.key(), "commit": code_commit()}, self.ckpt)
+                           "config_key": self.config.key(), "commit": code_commit(), "engine": self.path},
+                          self.ckpt)
 
     def save(self, dev: torch.device, path: str, start: float, root: Path, extra: dict) -> Result:
         exp, config = self.exp, self.config
@@ -141,6 +148,9 @@ class Trainee:
         meta = {**provenance(dev, path), "seed": config.seed, "config_key": config.key(),
                 "resumed_from_round": self.first_round,
                 **({"resumed_from_commit": self.resumed_commit} if self.first_round else {}),
+                # the paths may round differently: a run resumed on another path says which trained first
+                **({"resumed_from_engine": self.resumed_engine} if self.first_round and self.resumed_engine
+                   else {}),
                 "duration_s": time.time() - start + elapsed_before,
                 "train_samples": int(len(exp.data.y_train)), "test_samples": int(len(exp.data.y_test)),
                 "client_sizes": [len(p) for p in exp.parts], "diverged": diverged(self.history),
@@ -282,6 +292,8 @@ def _train_batch(configs: list[Config], dev: torch.device, path: str, root: Path
                       if isinstance(t, torch.Tensor))
     check_writable([root, root / "models", checkpoint_dir(root)],
                    need_bytes=2 * state_bytes + 2**20 * len(runs))
+    for r in runs:
+        r.path = path
     first, total = runs[0].first_round, configs[0].rounds
     batch = RunBatch([r.exp for r in runs])
     label = configs[0].algorithm + (f" x{len(runs)}" if len(runs) > 1 else "")

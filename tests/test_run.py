@@ -167,6 +167,25 @@ def test_a_resumed_run_records_the_commit_that_checkpointed_it(tmp_path, monkeyp
     resumed = run(CFG, root=tmp_path, progress=False, checkpoint_every=1)
     assert resumed.meta["resumed_from_round"] == 2
     assert resumed.meta["resumed_from_commit"] == resumed.meta["git_commit"]
+    assert resumed.meta["resumed_from_engine"] == resumed.meta["engine"]
+
+
+def test_a_run_resumed_on_another_engine_path_says_which_trained_first(tmp_path, monkeypatch):
+    """The engine paths round differently, so a run checkpointed on one and finished on another
+    records both: ``engine`` (the last) and ``resumed_from_engine``."""
+    original = Experiment.prepare
+
+    def interrupted(self, t, *args):
+        if t == 1:
+            raise KeyboardInterrupt
+        return original(self, t, *args)
+
+    monkeypatch.setattr(Experiment, "prepare", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(CFG, root=tmp_path, progress=False, checkpoint_every=1, engine="vectorized", device="cpu")
+    monkeypatch.setattr(Experiment, "prepare", original)
+    resumed = run(CFG, root=tmp_path, progress=False, checkpoint_every=1, engine="sequential", device="cpu")
+    assert (resumed.meta["resumed_from_engine"], resumed.meta["engine"]) == ("vectorized", "sequential")
 
 
 def test_a_rewrite_that_changes_only_stamps_leaves_the_file_as_it_was(tmp_path):
