@@ -16,7 +16,7 @@ seeded per pair (the stream of every committed result), or ``counter``, Philox4x
 operations (:mod:`fedlib.privacy.philox`), every lane of a vectorized step in one draw (issue 37
 items 1 and 3). A CPU result records these two only when they are not the default. And
 ``host_memory``, whether CPU training keeps freed host memory for the next step
-(:mod:`fedlib.host_memory`: ``reuse``, the default, or ``system``; the same numbers either way).
+(:mod:`fedlib.host_memory`: ``system``, the default, or ``reuse``; the same numbers either way).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 #: step (:func:`note_capture_failure`), which the results record.
 _OPTIONS: dict[str, bool | str] = {"cuda_graphs": True, "lane_conv": "grouped", "step_noise": "generator",
                                    "noise_ahead": "auto",
-                                   "host_memory": os.environ.get("FEDLIB_HOST_MEMORY", "reuse")}
+                                   "host_memory": os.environ.get("FEDLIB_HOST_MEMORY", "system")}
 #: How :class:`fedlib.models.LaneConv2d` computes (see the module's docstring).
 LANE_CONVS = ("grouped", "im2col")
 #: How record-level DP-SGD's step noise is drawn (see the module's docstring).

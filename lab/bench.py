@@ -565,8 +565,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="draw the server's exact discrete Gaussian in a worker thread while the clients "
                         "train (fedlib.kernels; auto, the default: on CUDA only; the same values either way)")
     p.add_argument("--host-memory", choices=["reuse", "system"], default=None,
-                   help="keep freed host memory for the next step (reuse, the default) or leave glibc's "
-                        "own behaviour (system); fedlib.host_memory, the same numbers either way")
+                   help="leave glibc's own behaviour (system, the default) or keep freed host memory for "
+                        "the next step (reuse); fedlib.host_memory, the same numbers either way")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     p.add_argument("--save", action="store_true", help="write the result with provenance under data/bench/")
     args = p.parse_args(argv)
