@@ -111,8 +111,8 @@ class StepNoise:
             note_key("philox", (*self.key, client, step))
             key = torch.tensor([self.philox_key()], dtype=torch.int64, device=self.device)
             stream = torch.tensor([[client, step]], dtype=torch.int64, device=self.device)
-            noise = {k: v[0] for k, v in self.split(gaussians(key, stream, self.size, self.dtype)
-                                                    * self.std).items()}
+            scale = torch.tensor([self.std], dtype=self.dtype, device=self.device)
+            noise = {k: v[0] for k, v in self.lanes(key, stream, scale, self).items()}  # one lane
         else:
             note_key("torch", (*self.key, client, step))
             seed = int(np.random.SeedSequence([*self.key, client, step]).generate_state(1)[0])
