@@ -33,23 +33,6 @@ def conv2d_im2col(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return out if bias is None else out + bias[:, None, None]
 
 
-def max_pool2(h: torch.Tensor) -> torch.Tensor:
-    """2x2 max-pooling of an ``(N, C, H, W)`` activation, returned in the usual contiguous layout.
-
-    On the CPU the pooling runs on a channels-last copy: PyTorch's CPU max-pool kernel for the
-    contiguous layout took 2.3-2.8 ms on the CNN's ``(32, 32, 20, 20)`` activation against
-    0.4-0.7 ms with the copy (one thread of the project's 2-core CPU; ``make bench`` measures
-    the whole step). The layouts give the same values and the same argmax (both kernels scan each
-    window row by row and keep the first maximum), hence bit-identical gradients;
-    ``tests/test_models.py`` checks it on tie-heavy inputs. The copy is made by ``permute``
-    so that it also works under ``vmap`` (which cannot query memory formats). Elsewhere (CUDA)
-    the contiguous kernel is used as is."""
-    if h.device.type != "cpu":
-        return F.max_pool2d(h, 2)
-    channels_last = h.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-    return F.max_pool2d(channels_last, 2).contiguous()
-
-
 class LaneConv2d(nn.Conv2d):
     """``nn.Conv2d`` (stride 1, integer padding, no groups or dilation: what the models use) that
     computes as :func:`fedlib.kernels.lane_conv` says: PyTorch's convolution (``grouped``, the
@@ -122,7 +105,7 @@ class MoonDpapCNN(_CNN):
         self._add_projection_head(proj_dim)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        return max_pool2(F.relu(self.conv2(F.relu(self.conv1(x)))))
+        return F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
 
 
 class McMahanCNN(_CNN):
@@ -141,7 +124,7 @@ class McMahanCNN(_CNN):
         self._add_projection_head(proj_dim)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        return max_pool2(F.relu(self.conv2(max_pool2(F.relu(self.conv1(x))))))
+        return F.max_pool2d(F.relu(self.conv2(F.max_pool2d(F.relu(self.conv1(x)), 2))), 2)
 
 
 class MLP(_CNN):
