@@ -83,7 +83,7 @@ def _validate_engine(engine: str, device: torch.device, checkpoint_every: int) -
 class Trainee:
     """One run being trained (alone or in a run batch): its experiment, history, checkpoint."""
 
-    def __init__(self, config: Config, dev: torch.device, root: Path, force: bool):
+    def __init__(self, config: Config, dev: torch.device, root: Path, force: bool, path: str | None = None):
         self.config = config
         self.exp = Experiment(config, dev)
         self.history: list[dict] = []
@@ -96,8 +96,8 @@ class Trainee:
         #: The engine path that trained the rounds before the checkpoint (None: not resumed, or a
         #: checkpoint written before 2026-11-26, which did not record it).
         self.resumed_engine: str | None = None
-        #: The engine path training this run now (set by the caller; written into checkpoints).
-        self.path: str | None = None
+        #: The engine path training this run now (written into its checkpoints).
+        self.path = path
         self.ckpt = checkpoint_path(config, root)
         self.out = result_path(config, root)
         if self.ckpt.exists() and not force:
@@ -284,16 +284,14 @@ def check_batch(configs: list[Config]) -> None:
 def _train_batch(configs: list[Config], dev: torch.device, path: str, root: Path, force: bool,
                  checkpoint_every: int, progress: bool, deadline: float | None = None) -> list[Result | None]:
     start = time.time()
-    runs = [Trainee(c, dev, root, force) for c in configs]
+    runs = [Trainee(c, dev, root, force, path) for c in configs]
     if len({r.first_round for r in runs}) > 1:  # checkpoints of unequal age: start all afresh
-        runs = [Trainee(c, dev, root, force=True) for c in configs]
+        runs = [Trainee(c, dev, root, True, path) for c in configs]
     # before the first round: every folder a run writes is writable and holds what it will write
     state_bytes = sum(t.numel() * t.element_size() for r in runs for t in leaves(r.exp.state_dict())
                       if isinstance(t, torch.Tensor))
     check_writable([root, root / "models", checkpoint_dir(root)],
                    need_bytes=2 * state_bytes + 2**20 * len(runs))
-    for r in runs:
-        r.path = path
     first, total = runs[0].first_round, configs[0].rounds
     batch = RunBatch([r.exp for r in runs])
     label = configs[0].algorithm + (f" x{len(runs)}" if len(runs) > 1 else "")

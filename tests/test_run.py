@@ -59,21 +59,27 @@ def test_atomic_write_leaves_nothing_half_written(tmp_path, monkeypatch):
     assert leftovers == [], leftovers
 
 
-def test_interrupt_and_resume_equals_uninterrupted(tmp_path, monkeypatch):
-    full = run(CFG, root=tmp_path / "full", progress=False, checkpoint_every=1)
+def _interrupted_run(monkeypatch, at_round: int, **kwargs) -> None:
+    """Train ``CFG`` (checkpointing every round) and stop it with Ctrl-C as round ``at_round`` begins;
+    the next run resumes from its checkpoint."""
     original = Experiment.prepare
 
     def interrupted(self, t, *args):
-        if t == 2:
+        if t == at_round:
             raise KeyboardInterrupt
         return original(self, t, *args)
 
-    monkeypatch.setattr(Experiment, "prepare", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        run(CFG, root=tmp_path / "part", progress=False, checkpoint_every=1)
+    with monkeypatch.context() as m:
+        m.setattr(Experiment, "prepare", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            run(CFG, progress=False, checkpoint_every=1, **kwargs)
+
+
+def test_interrupt_and_resume_equals_uninterrupted(tmp_path, monkeypatch):
+    full = run(CFG, root=tmp_path / "full", progress=False, checkpoint_every=1)
+    _interrupted_run(monkeypatch, 2, root=tmp_path / "part")
     assert checkpoint_path(CFG, tmp_path / "part").exists()
     assert not result_path(CFG, tmp_path / "part").exists()
-    monkeypatch.setattr(Experiment, "prepare", original)
 
     resumed = run(CFG, root=tmp_path / "part", progress=False, checkpoint_every=1)
     assert resumed.meta["resumed_from_round"] == 2
@@ -153,17 +159,7 @@ def test_checkpoints_of_the_repository_results_live_outside_the_work_tree(tmp_pa
 
 
 def test_a_resumed_run_records_the_commit_that_checkpointed_it(tmp_path, monkeypatch):
-    original = Experiment.prepare
-
-    def interrupted(self, t, *args):
-        if t == 2:
-            raise KeyboardInterrupt
-        return original(self, t, *args)
-
-    monkeypatch.setattr(Experiment, "prepare", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        run(CFG, root=tmp_path, progress=False, checkpoint_every=1)
-    monkeypatch.setattr(Experiment, "prepare", original)
+    _interrupted_run(monkeypatch, 2, root=tmp_path)
     resumed = run(CFG, root=tmp_path, progress=False, checkpoint_every=1)
     assert resumed.meta["resumed_from_round"] == 2
     assert resumed.meta["resumed_from_commit"] == resumed.meta["git_commit"]
@@ -173,17 +169,7 @@ def test_a_resumed_run_records_the_commit_that_checkpointed_it(tmp_path, monkeyp
 def test_a_run_resumed_on_another_engine_path_says_which_trained_first(tmp_path, monkeypatch):
     """The engine paths round differently, so a run checkpointed on one and finished on another
     records both: ``engine`` (the last) and ``resumed_from_engine``."""
-    original = Experiment.prepare
-
-    def interrupted(self, t, *args):
-        if t == 1:
-            raise KeyboardInterrupt
-        return original(self, t, *args)
-
-    monkeypatch.setattr(Experiment, "prepare", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        run(CFG, root=tmp_path, progress=False, checkpoint_every=1, engine="vectorized", device="cpu")
-    monkeypatch.setattr(Experiment, "prepare", original)
+    _interrupted_run(monkeypatch, 1, root=tmp_path, engine="vectorized", device="cpu")
     resumed = run(CFG, root=tmp_path, progress=False, checkpoint_every=1, engine="sequential", device="cpu")
     assert (resumed.meta["resumed_from_engine"], resumed.meta["engine"]) == ("vectorized", "sequential")
 
