@@ -62,3 +62,75 @@ def test_lane_conv_switches_the_models_convolutions_and_keeps_their_parameters(r
         set_kernel_options(lane_conv="winograd")
     with pytest.raises(ValueError, match="stride 1"):
         LaneConv2d(1, 2, 3, stride=2)
+
+
+def _tie_heavy(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """Activations with many exact ties, as FashionMNIST's blank background gives a conv layer:
+    whole windows of one positive value (the bias), of zero and of one negative value."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float64).round()
+    x[..., :4, :] = 0.5
+    x[..., 4:6, :] = 0.0
+    x[..., 6:8, :] = -1.0
+    return x
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 10, 12), (2, 3, 9, 7)])
+def test_max_pool2_equals_pytorchs_max_pool_bit_for_bit(shape):
+    """The CPU channels-last pooling gives F.max_pool2d's values and gradients exactly, ties and
+    odd sizes included, through a double backward (what a gradient-inversion attack takes) and
+    under vmap over lanes with torch.func.grad (the vectorized engine)."""
+    from torch.func import grad, vmap
+
+    from fedlib.models import max_pool2
+
+    x = _tie_heavy(shape, 0)
+    upstream = torch.randn(F.max_pool2d(x, 2).shape, generator=torch.Generator().manual_seed(1),
+                           dtype=torch.float64)
+    weights = torch.arange(x.numel(), dtype=x.dtype).view_as(x)
+    results = []
+    for pool in (max_pool2, lambda h: F.max_pool2d(h, 2)):
+        h, up = x.clone().requires_grad_(True), upstream.clone().requires_grad_(True)
+        out = pool(h)
+        (g,) = torch.autograd.grad(out, h, up, create_graph=True)
+        (gg,) = torch.autograd.grad((g * weights).sum(), up)
+        results.append((out.detach(), g.detach(), gg))
+    for ours, pytorchs in zip(*results, strict=True):
+        assert torch.equal(ours, pytorchs)
+    lanes = torch.stack([_tie_heavy(shape, s) for s in range(3)])
+    per_lane = vmap(grad(lambda h: (max_pool2(h) * upstream).sum()))(lanes)
+    reference = vmap(grad(lambda h: (F.max_pool2d(h, 2) * upstream).sum()))(lanes)
+    assert torch.equal(per_lane, reference)
+
+
+def test_relu_max_pool2_equals_max_pool_of_relu_bit_for_bit():
+    """Pooling before ReLU gives the same values and gradients as ReLU before pooling."""
+    from fedlib.models import relu_max_pool2
+
+    x = _tie_heavy((3, 4, 10, 12), 2)
+    upstream = torch.randn(3, 4, 5, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    outs = []
+    for f in (relu_max_pool2, lambda h: F.max_pool2d(F.relu(h), 2)):
+        h = x.clone().requires_grad_(True)
+        out = f(h)
+        outs.append((out.detach(), torch.autograd.grad(out, h, upstream)[0]))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+@pytest.mark.parametrize("name", ["cnn", "mcmahan_cnn"])
+def test_models_train_bit_for_bit_as_with_pytorchs_pooling(name, monkeypatch):
+    """A training gradient of each CNN (float32, blank-background images) is the same bits as
+    with ReLU then F.max_pool2d: the reorder and the channels-last pooling change no result."""
+    import fedlib.models as models
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(16, 1, 28, 28, generator=g) * (torch.rand(16, 1, 28, 28, generator=g) > 0.6)
+    y = torch.randint(0, 10, (16,), generator=g)
+    grads = []
+    for pooling in ("fedlib", "pytorch"):
+        if pooling == "pytorch":
+            monkeypatch.setattr(models, "relu_max_pool2", lambda h: F.max_pool2d(F.relu(h), 2))
+        torch.manual_seed(0)
+        m = build_model(name)
+        grads.append(torch.autograd.grad(F.cross_entropy(m(x), y), list(m.parameters())))
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
