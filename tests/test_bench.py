@@ -37,6 +37,7 @@ def test_bench_json_line_has_every_key(capsys):
     assert all(res[k] > 0 for k in keys if k.endswith("_s") and k != "run_batch_runs_per_s")
     assert set(res["run_batch_runs_per_s"]) == {"1", "2"} and min(res["run_batch_runs_per_s"].values()) > 0
     gflops, peak = res["default_gflops"], res["matmul_peak_gflops"]
+    assert len(res["matmul_peak_gflops_measured"]) == 2 and peak == max(res["matmul_peak_gflops_measured"])
     assert res["default_percent_of_peak"] == pytest.approx(100 * gflops / peak)
     assert gflops == pytest.approx(400 * res["train_mflop_per_sample"] / 1e3 / res["default_s"])
 
@@ -197,3 +198,15 @@ def test_the_record_level_step_is_timed_beside_opacus_and_agrees_with_its_ghost_
     assert {"plain_ms", "per_sample_x", "ghost_x", "opacus_hooks_x", "opacus_ghost_x"} <= set(out)
     assert all(out[k] > 0 for k in ("per_sample_x", "ghost_x", "opacus_hooks_x", "opacus_ghost_x"))
     assert out["ghost_vs_opacus_rel"] < 1e-4
+
+
+def test_the_peak_is_the_highest_of_the_rates_measured_in_the_run(monkeypatch):
+    """A CPU's matmul rate drifts between hours: the percentage of peak divides by the higher of
+    the rate measured at the run's start and after its paths, never the lower."""
+    monkeypatch.setattr(bench, "matmul_peak_flops", lambda device: 100e9)
+    config = Config(dataset="fashionmnist", model="cnn", clients=2, train_samples=100)
+    for earlier, peak in ((300e9, 300), (50e9, 100)):
+        res = bench.flop_rates(config, torch.device("cpu"), 1.0, (earlier,))
+        assert res["matmul_peak_gflops"] == peak
+        assert sorted(res["matmul_peak_gflops_measured"]) == sorted([earlier / 1e9, 100])
+        assert res["default_percent_of_peak"] == pytest.approx(100 * res["default_gflops"] / peak)
