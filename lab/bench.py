@@ -21,7 +21,10 @@ Measures, in one process and on one setting (dataset, model, clients, samples, b
   ``default_percent_of_peak``, its share of ``matmul_peak_gflops``, the device's matrix-multiply
   rate measured in the same run (:func:`matmul_peak_flops`), at its start and again after the
   paths are timed (``matmul_peak_gflops_measured``; the higher is the peak: a CPU's rate can
-  drift by a third between hours, and the lower would flatter the percentage);
+  drift by a third between hours, and the lower would flatter the percentage); on a CPU also
+  ``plain_parallel_percent_of_peak``, the same share for the plain loop split over the cores
+  (:func:`percent_of_peak`): the rate PyTorch's own kernels reach on this model without federation,
+  the ceiling of the parallel path short of faster convolution kernels;
 * ratios ``overhead_sequential = sequential_s / floor_s``,
   ``speedup_vectorized = sequential_s / vectorized_s``, ``default_vs_floor = default_s / floor_s``;
 * round times of MOON, SCAFFOLD and MOON-DPAP with every component and client-level DP on
@@ -311,6 +314,15 @@ def flop_rates(config: Config, device: torch.device, default_s: float,
             "default_percent_of_peak": 100 * achieved / peak}
 
 
+def percent_of_peak(results: dict, seconds: float) -> float:
+    """The share (%) of a benchmark's matrix-multiply peak (``matmul_peak_gflops``) reached by one
+    pass over its training samples (``samples`` x ``train_mflop_per_sample``) in ``seconds``: the
+    measure of ``default_percent_of_peak``, for any other timing the benchmark recorded (it applies
+    to committed results too, which store the three numbers)."""
+    flop = results["samples"] * results["train_mflop_per_sample"] * 1e6
+    return 100 * flop / seconds / (results["matmul_peak_gflops"] * 1e9)
+
+
 #: The algorithm families whose vectorized step's operator count the benchmark reports.
 STEP_FAMILIES = {
     "fedavg": dict(),
@@ -467,6 +479,8 @@ def benchmark(config: Config, device: torch.device, rounds: int = 3,
     out["default_vs_floor"] = out["default_s"] / out["floor_s"]
     out["rounds_per_s"] = 1.0 / out["default_s"]
     out.update(flop_rates(config, device, out["default_s"], (peak_at_start,)))
+    if cpu:
+        out["plain_parallel_percent_of_peak"] = percent_of_peak(out, out["plain_parallel_s"])
     out["operators_per_step"] = step_operators(config)
     out["operators_exclude_views"] = True  # (results before 2026-11-26 counted views too)
     out["record_dp_step"] = record_dp_step(config.model, config.batch_size, device=device)

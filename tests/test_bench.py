@@ -20,7 +20,8 @@ KEYS = {"device", "model", "clients", "samples", "floor_s", "sequential_s", "vec
         "default_percent_of_peak", "train_mflop_per_sample", "operators_per_step", "operators_exclude_views",
         "record_dp_step"}
 #: What the cores can give: measured on a CPU only.
-CPU_KEYS = {"floor_1thread_s", "plain_parallel_s", "plain_parallel_vs_floor"}
+CPU_KEYS = {"floor_1thread_s", "plain_parallel_s", "plain_parallel_vs_floor",
+            "plain_parallel_percent_of_peak"}
 
 
 @pytest.mark.e2e
@@ -34,6 +35,8 @@ def test_bench_json_line_has_every_key(capsys):
     assert res["overhead_sequential"] == res["sequential_s"] / res["floor_s"]
     if "plain_parallel_s" in res:
         assert res["plain_parallel_vs_floor"] == res["plain_parallel_s"] / res["floor_s"]
+        assert res["plain_parallel_percent_of_peak"] == pytest.approx(
+            res["default_percent_of_peak"] * res["default_s"] / res["plain_parallel_s"])
     assert all(res[k] > 0 for k in keys if k.endswith("_s") and k != "run_batch_runs_per_s")
     assert set(res["run_batch_runs_per_s"]) == {"1", "2"} and min(res["run_batch_runs_per_s"].values()) > 0
     gflops, peak = res["default_gflops"], res["matmul_peak_gflops"]
@@ -49,6 +52,22 @@ def test_ratios_of_paths_that_were_not_timed_are_none():
         "overhead_sequential": None, "speedup_vectorized": None}
     assert bench.path_ratios({"floor_s": 2.0, "sequential_s": 3.0, "vectorized_s": 0.5}) == {
         "overhead_sequential": 1.5, "speedup_vectorized": 6.0}
+
+
+def test_percent_of_peak_reproduces_each_committed_benchmarks_own_figure():
+    """:func:`lab.bench.percent_of_peak` applied to a committed benchmark's default round gives the
+    ``default_percent_of_peak`` that run computed from its own FLOP count and peak (so the book may
+    apply it to the plain loop's time in results saved before the key existed)."""
+    from fedlib.results import REPO_ROOT
+
+    checked = 0
+    for f in sorted((REPO_ROOT / "data" / "bench").glob("*.json")):
+        r = json.loads(f.read_text())["results"]
+        if "default_percent_of_peak" in r:
+            assert bench.percent_of_peak(r, r["default_s"]) == pytest.approx(r["default_percent_of_peak"],
+                                                                             rel=1e-12), f.name
+            checked += 1
+    assert checked >= 1
 
 
 def test_flops_are_counted_from_the_step_and_scaled_by_the_plan():
