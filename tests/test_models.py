@@ -2,7 +2,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedlib.models import LaneConv2d, McMahanCNN, MoonDpapCNN, build_model, conv2d_im2col, count_parameters
+from fedlib.models import (
+    LaneConv2d,
+    McMahanCNN,
+    MoonDpapCNN,
+    build_model,
+    conv2d_im2col,
+    count_parameters,
+    max_pool2,
+    relu_max_pool2,
+)
 
 
 def test_shapes_and_repr():
@@ -82,7 +91,6 @@ def test_max_pool2_equals_pytorchs_max_pool_bit_for_bit(shape):
     under vmap over lanes with torch.func.grad (the vectorized engine)."""
     from torch.func import grad, vmap
 
-    from fedlib.models import max_pool2
 
     x = _tie_heavy(shape, 0)
     upstream = torch.randn(F.max_pool2d(x, 2).shape, generator=torch.Generator().manual_seed(1),
@@ -105,7 +113,6 @@ def test_max_pool2_equals_pytorchs_max_pool_bit_for_bit(shape):
 
 def test_relu_max_pool2_equals_max_pool_of_relu_bit_for_bit():
     """Pooling before ReLU gives the same values and gradients as ReLU before pooling."""
-    from fedlib.models import relu_max_pool2
 
     x = _tie_heavy((3, 4, 10, 12), 2)
     upstream = torch.randn(3, 4, 5, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
