@@ -34,7 +34,9 @@ Measures, in one process and on one setting (dataset, model, clients, samples, b
   ``default_bf16_vs_floor = default_bf16_s / floor_s``;
 * with ``--scale``: ``moon_dpap_s`` and ``moon_dpap_record_s``, MOON-DPAP rounds without DP and
   with record-level DP-SGD (per-sample gradients, Poisson batches, noise at every step), and their
-  ratio ``record_dp_cost``, which the campaign's estimates for record-level runs use;
+  ratio ``record_dp_cost``, which the campaign's estimates for record-level runs use, and the same
+  with ghost clipping (``moon_dpap_ghost_s``, ``ghost_dp_cost``); ``--record-cost`` times only these
+  three rounds (:func:`record_costs`);
 * ``moon_dpap_state_mb_1000``: the client state kept across rounds for 1000 clients of
   MOON-DPAP (each client's previous model), stacked as the engine stores it;
 * ``run_batch_runs_per_s``: run-rounds per second when ``R`` runs (seeds) are trained as one
@@ -239,6 +241,20 @@ PAPER_SCALE = dict(dataset="fashionmnist", model="cnn", clients=20, alpha=0.5, t
 PAPER_ROUNDS = 200
 
 
+def record_costs(config: Config, device: torch.device, path: str, rounds: int) -> dict:
+    """MOON-DPAP's round on ``config``'s data without DP (``moon_dpap_s``), with record-level DP-SGD
+    on per-sample gradients (``moon_dpap_record_s``) and with ghost clipping (``moon_dpap_ghost_s``),
+    on ``path``, and the two cost factors the campaign's estimates use: ``record_dp_cost`` and
+    ``ghost_dp_cost`` (each over the round without DP). ``--record-cost`` times only these."""
+    out = {"moon_dpap_s": time_rounds(config.replace(algorithm="moon_dpap"), device, path, rounds)[0],
+           "moon_dpap_record_s": time_rounds(config.replace(**RECORD_DP), device, path, rounds)[0],
+           "moon_dpap_ghost_s": time_rounds(config.replace(**RECORD_DP, dp_grad="ghost"), device, path,
+                                            rounds)[0]}
+    out["record_dp_cost"] = out["moon_dpap_record_s"] / out["moon_dpap_s"]
+    out["ghost_dp_cost"] = out["moon_dpap_ghost_s"] / out["moon_dpap_s"]
+    return out
+
+
 def scale_figures(config: Config, device: torch.device, rounds: int, clients: tuple[int, int] = (100, 1000),
                   paper_scale: dict | None = None) -> dict:
     """Round time at 100 and 1000 clients (same data), MOON-DPAP's round without DP and with
@@ -252,12 +268,7 @@ def scale_figures(config: Config, device: torch.device, rounds: int, clients: tu
     small, large = clients
     ratio = out[f"round_s_{large}_clients"] / out[f"round_s_{small}_clients"]
     out[f"round_{large}_vs_{small}_clients"] = ratio
-    out["moon_dpap_s"] = time_rounds(config.replace(algorithm="moon_dpap"), device, path, rounds)[0]
-    out["moon_dpap_record_s"] = time_rounds(config.replace(**RECORD_DP), device, path, rounds)[0]
-    out["record_dp_cost"] = out["moon_dpap_record_s"] / out["moon_dpap_s"]
-    ghost = config.replace(**RECORD_DP, dp_grad="ghost")
-    out["moon_dpap_ghost_s"] = time_rounds(ghost, device, path, rounds)[0]
-    out["ghost_dp_cost"] = out["moon_dpap_ghost_s"] / out["moon_dpap_s"]
+    out.update(record_costs(config, device, path, rounds))
     paper = Config(**(paper_scale or PAPER_SCALE), rounds=rounds + 1)
     round_s, eval_s = time_rounds(paper, device, path, rounds)
     out["paper_fedavg_run_s"] = PAPER_ROUNDS * (round_s + eval_s)
@@ -588,6 +599,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-memory", choices=["reuse", "system"], default=None,
                    help="leave glibc's own behaviour (system, the default) or keep freed host memory for "
                         "the next step (reuse); fedlib.host_memory, the same numbers either way")
+    p.add_argument("--record-cost", action="store_true",
+                   help="time only MOON-DPAP's round without DP, with record-level DP-SGD and with ghost "
+                        "clipping on the default path (record_dp_cost, ghost_dp_cost), nothing else")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     p.add_argument("--save", action="store_true", help="write the result with provenance under data/bench/")
     args = p.parse_args(argv)
@@ -606,6 +620,17 @@ def main(argv: list[str] | None = None) -> int:
             options[option] = getattr(args, option)
     kernels = set_kernel_options(**options)
     paths = tuple(args.paths) if args.paths else None
+    if args.record_cost:
+        if args.save:
+            p.error("--record-cost times a part of the benchmark: it is not saved as one")
+        path = default_path(device)
+        res = {"device": str(device), "samples": config.n_train, "clients": config.clients, "path": path,
+               **record_costs(config, device, path, args.rounds)}
+        for k, v in res.items():
+            print(f"{k}  {v:.3f}" if isinstance(v, float) else f"{k}  {v}")
+        if args.json:
+            print(json.dumps(res))
+        return 0
     res = benchmark(config, device, args.rounds, paths, tuple(args.batch_runs), args.scale)
     if device.type == "cuda":
         res["kernels"] = kernels

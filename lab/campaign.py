@@ -71,10 +71,11 @@ ALGORITHM_COST = {"moon": 2.2, "moon_dpap": 2.2, "ditto": 2.0, "scaffold": 1.1, 
 #: overrides it for that device kind (:func:`record_dp_cost`).
 RECORD_DP_COST = 9.5
 #: The same with ghost clipping (``dp_grad = ghost``, what MOON-DPAP's record-level runs use at
-#: ``paper``): a quick Fig. 2 round on the 2-core CPU, 17.1 s against 60.9 s per-sample and 3.9 s
-#: without DP, measured in one process (:mod:`lab.bench` ``--scale`` records a device's own
-#: ``ghost_dp_cost``).
-GHOST_DP_COST = 4.4
+#: ``paper``): ``python -m lab.bench --record-cost --samples 4000 --rounds 2`` on the 2-core CPU
+#: (2026-11-26, after the per-sample convolution gradients became one backward-weights kernel),
+#: 2.83 s a round against 1.63 s without DP (per-sample gradients: 17.3 s); 4.4 before that change
+#: and the pooling one. A benchmark run with ``--scale`` records a device's own ``ghost_dp_cost``.
+GHOST_DP_COST = 1.7
 PACK_LIMIT = 16 * 2**20
 
 

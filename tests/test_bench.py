@@ -45,6 +45,21 @@ def test_bench_json_line_has_every_key(capsys):
     assert gflops == pytest.approx(400 * res["train_mflop_per_sample"] / 1e3 / res["default_s"])
 
 
+def test_record_cost_times_only_the_three_moon_dpap_rounds(capsys):
+    """``--record-cost`` reports MOON-DPAP's round without DP, with per-sample DP-SGD and with ghost
+    clipping and their ratios (the campaign's cost factors), and refuses ``--save`` before any work."""
+    with pytest.raises(SystemExit):
+        bench.main(["--record-cost", "--save"])
+    assert "not saved" in capsys.readouterr().err
+    assert bench.main(["--record-cost", "--samples", "160", "--clients", "2", "--rounds", "1", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(res) == {"device", "samples", "clients", "path", "moon_dpap_s", "moon_dpap_record_s",
+                        "moon_dpap_ghost_s", "record_dp_cost", "ghost_dp_cost"}
+    assert res["record_dp_cost"] == res["moon_dpap_record_s"] / res["moon_dpap_s"]
+    assert res["ghost_dp_cost"] == res["moon_dpap_ghost_s"] / res["moon_dpap_s"]
+    assert min(res[k] for k in res if k.endswith("_s")) > 0
+
+
 def test_ratios_of_paths_that_were_not_timed_are_none():
     """``--paths vectorized`` times no sequential round: its ratios are None, not a KeyError after the
     timing (which a GPU session once paid for)."""

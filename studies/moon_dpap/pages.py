@@ -84,7 +84,7 @@ RECORD_DP = dict(dp="record", dp_delta=1e-5, dp_schedule="constant", dp_clip=1.0
 
 def record_dp(profile: str) -> dict:
     """:data:`RECORD_DP` at ``profile``: at ``paper`` the clipped sums come from ghost clipping
-    (:mod:`fedlib.privacy.ghost`: the same sum as the per-sample path, about a fifth of its cost);
+    (:mod:`fedlib.privacy.ghost`: the same sum as the per-sample path, about a sixth of its cost);
     ``smoke`` and ``quick`` keep the per-sample path their committed results were trained with."""
     return {**RECORD_DP, "dp_grad": "ghost"} if profile == "paper" else dict(RECORD_DP)
 
