@@ -605,6 +605,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     p.add_argument("--save", action="store_true", help="write the result with provenance under data/bench/")
     args = p.parse_args(argv)
+    if args.record_cost and args.save:
+        p.error("--record-cost times a part of the benchmark: it is not saved as one")
     config = Config(dataset=args.dataset, model=args.model, clients=args.clients,
                     train_samples=args.samples, batch_size=args.batch_size, alpha=args.alpha,
                     test_samples=2_000, rounds=args.rounds + 1).validate()
@@ -621,22 +623,16 @@ def main(argv: list[str] | None = None) -> int:
     kernels = set_kernel_options(**options)
     paths = tuple(args.paths) if args.paths else None
     if args.record_cost:
-        if args.save:
-            p.error("--record-cost times a part of the benchmark: it is not saved as one")
         path = default_path(device)
         res = {"device": str(device), "samples": config.n_train, "clients": config.clients, "path": path,
                **record_costs(config, device, path, args.rounds)}
-        for k, v in res.items():
-            print(f"{k}  {v:.3f}" if isinstance(v, float) else f"{k}  {v}")
-        if args.json:
-            print(json.dumps(res))
-        return 0
-    res = benchmark(config, device, args.rounds, paths, tuple(args.batch_runs), args.scale)
+    else:
+        res = benchmark(config, device, args.rounds, paths, tuple(args.batch_runs), args.scale)
     if device.type == "cuda":
         res["kernels"] = kernels
     elif device_options():
         res["kernels"] = device_options()
-    if args.sweep:
+    if args.sweep and not args.record_cost:
         sweep_paths = paths or (("sequential", "parallel", "vectorized") if device.type == "cpu"
                                 else ("sequential", "vectorized"))
         res["clients_sweep"] = clients_sweep(config, device, args.sweep, sweep_paths, rounds=1)

@@ -91,7 +91,6 @@ def test_max_pool2_equals_pytorchs_max_pool_bit_for_bit(shape):
     under vmap over lanes with torch.func.grad (the vectorized engine)."""
     from torch.func import grad, vmap
 
-
     x = _tie_heavy(shape, 0)
     upstream = torch.randn(F.max_pool2d(x, 2).shape, generator=torch.Generator().manual_seed(1),
                            dtype=torch.float64)
