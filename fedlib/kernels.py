@@ -106,22 +106,12 @@ def set_kernel_options(*, matmul_tf32: bool | None = None, cudnn_autotune: bool 
     mantissas; CUDA graphs replay the recorded kernels of a step with one launch (setting it again
     forgets an earlier capture failure). The defaults are what measures fastest on a GPU
     (``python -m lab.bench --matmul-tf32 --cudnn-autotune --cuda-graphs``) and stays correct."""
-    if lane_conv is not None:
-        if lane_conv not in LANE_CONVS:
-            raise ValueError(f"lane_conv must be one of {LANE_CONVS}, got {lane_conv!r}")
-        _OPTIONS["lane_conv"] = lane_conv
-    if host_memory is not None:
-        if host_memory not in HOST_MEMORY:
-            raise ValueError(f"host_memory must be one of {HOST_MEMORY}, got {host_memory!r}")
-        _OPTIONS["host_memory"] = host_memory
-    if noise_ahead is not None:
-        if noise_ahead not in NOISE_AHEAD:
-            raise ValueError(f"noise_ahead must be one of {NOISE_AHEAD}, got {noise_ahead!r}")
-        _OPTIONS["noise_ahead"] = noise_ahead
-    if step_noise is not None:
-        if step_noise not in STEP_NOISES:
-            raise ValueError(f"step_noise must be one of {STEP_NOISES}, got {step_noise!r}")
-        _OPTIONS["step_noise"] = step_noise
+    choices = {"lane_conv": (lane_conv, LANE_CONVS), "host_memory": (host_memory, HOST_MEMORY),
+               "noise_ahead": (noise_ahead, NOISE_AHEAD), "step_noise": (step_noise, STEP_NOISES)}
+    for name, (value, allowed) in choices.items():  # all checked before any is set
+        if value is not None and value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    _OPTIONS.update({name: value for name, (value, _) in choices.items() if value is not None})
     if cuda_graphs is not None:
         _OPTIONS["cuda_graphs"] = bool(cuda_graphs)
         _CAPTURE_FAILURE.clear()

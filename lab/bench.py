@@ -193,23 +193,29 @@ def time_plain_parallel(config: Config, workers: int, repeats: int = 3) -> float
     return statistics.median(times)
 
 
+def _median_round(round_fn, device: torch.device, rounds: int, warmup: int) -> float:
+    """Median seconds of ``round_fn(t)`` over ``rounds`` rounds after ``warmup`` untimed ones."""
+    times = []
+    for t in range(warmup + rounds):
+        _sync(device)
+        t0 = time.perf_counter()
+        round_fn(t)
+        _sync(device)
+        if t >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def time_rounds(config: Config, device: torch.device, path: str, rounds: int = 3,
                 warmup: int = 1) -> tuple[float, float]:
     """Median seconds per round on ``path`` and seconds of one evaluation."""
     exp = Experiment(config, device)
-    times = []
     with Executor(path, exp.algo, exp.data.x_train, exp.data.y_train) as ex:
-        for t in range(warmup + rounds):
-            _sync(device)
-            t0 = time.perf_counter()
-            exp.round(t, ex)
-            _sync(device)
-            if t >= warmup:
-                times.append(time.perf_counter() - t0)
+        per_round = _median_round(lambda t: exp.round(t, ex), device, rounds, warmup)
     t0 = time.perf_counter()
     evaluate(exp.model, exp.gparams, exp.data.x_test, exp.data.y_test)
     _sync(device)
-    return statistics.median(times), time.perf_counter() - t0
+    return per_round, time.perf_counter() - t0
 
 
 def time_run_batch(config: Config, device: torch.device, path: str, runs: int, rounds: int = 2,
@@ -217,16 +223,8 @@ def time_run_batch(config: Config, device: torch.device, path: str, runs: int, r
     """Run-rounds per second when ``runs`` seeds of ``config`` are trained as one run batch
     (median round of ``rounds`` after ``warmup``)."""
     batch = RunBatch([Experiment(config.replace(seed=s), device) for s in range(runs)])
-    times = []
     with batch.executor(path) as ex:
-        for t in range(warmup + rounds):
-            _sync(device)
-            t0 = time.perf_counter()
-            batch.round(t, ex)
-            _sync(device)
-            if t >= warmup:
-                times.append(time.perf_counter() - t0)
-    return runs / statistics.median(times)
+        return runs / _median_round(lambda t: batch.round(t, ex), device, rounds, warmup)
 
 
 #: Record-level DP-SGD as MOON-DPAP's Fig. 2 runs it (studies/moon_dpap/pages.py ``RECORD_DP``, at

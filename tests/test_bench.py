@@ -158,6 +158,9 @@ def test_a_cpu_result_records_lane_conv_and_step_noise_only_when_not_the_default
     assert provenance(torch.device("cpu"), "vectorized")["kernels"] == {"step_noise": "counter"}
     with pytest.raises(ValueError, match="step_noise"):
         set_kernel_options(step_noise="philox")
+    with pytest.raises(ValueError, match="host_memory"):  # checked before anything is set
+        set_kernel_options(lane_conv="im2col", host_memory="swap")
+    assert kernel_settings()["lane_conv"] == "grouped"
 
 
 def test_kernel_options_are_refused_on_a_cpu_before_any_work(tmp_path, monkeypatch, capsys):
