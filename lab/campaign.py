@@ -397,12 +397,24 @@ def after_training_hooks() -> dict[str, Callable]:
     return dict(AFTER_TRAINING)
 
 
+#: With ``carry_over``, a run batch that will not finish within the budget starts only if the budget
+#: leaves it at least this many of its rounds (estimated) before the deadline.
+CARRY_OVER_MIN_ROUNDS = 2
+
+
 def run(profile: str, budget_min: float, root: Path | None = None, engine: str = "auto",
         max_batch: int = 8, progress: bool = True, pages: list[str] | None = None,
-        n_seeds: int | None = None, steps: int | None = None) -> dict:
+        n_seeds: int | None = None, steps: int | None = None, carry_over: bool = False) -> dict:
     """Train missing configurations, claims first, until done or until the budget would be exceeded;
     ``steps``: only the first ``steps`` steps of the claims-first order as it stands now (what ``plan``
-    lists as steps 1..steps; steps already trained have left the list)."""
+    lists as steps 1..steps; steps already trained have left the list).
+
+    A run batch starts only if its estimate fits in what is left of the budget, and the next batches
+    that fit are tried instead (right where checkpoints do not outlive the machine: a lent GPU). With
+    ``carry_over`` (a machine that keeps its checkpoint folder, :func:`fedlib.run.checkpoint_dir`), the
+    next batch in claims-first order starts whenever at least :data:`CARRY_OVER_MIN_ROUNDS` of its
+    rounds fit: at the deadline it checkpoints after the round it is in, and the next ``run`` resumes
+    it, so a run longer than any one budget is trained across several."""
     if steps is not None and steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {steps}")
     start = time.time()
@@ -426,7 +438,11 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
             for i in range(0, len(group), max_batch):
                 chunk = group[i:i + max_batch]
                 est = sum(estimate_s(c, per_sample, rc, gc) * rounds_left(c, root) for c in chunk)
-                if time.time() >= deadline or (math.isfinite(est) and time.time() + est > deadline):
+                left = deadline - time.time()
+                if carry_over:  # only what must fit: a few rounds, the rest carries over
+                    est = min(est, CARRY_OVER_MIN_ROUNDS * sum(estimate_s(c, per_sample, rc, gc) / c.rounds
+                                                               for c in chunk))
+                if left <= 0 or (math.isfinite(est) and est > left):
                     skipped += len(chunk)
                     complete = False
                     continue
@@ -712,6 +728,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--max-batch", type=int, default=8, help="runs trained together at most")
     r.add_argument("--steps", type=int, default=None,
                    help="only the first N steps of the claims-first order (plan lists them)")
+    r.add_argument("--carry-over", action="store_true",
+                   help="start runs that will not finish within the budget (they checkpoint at its end and "
+                        "the next run on this machine resumes them); without it only runs estimated to "
+                        "finish start, as a lent GPU needs")
     r.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="on a GPU, replay the vectorized step as a CUDA graph (fedlib.graphs; default on)")
     pk = sub.add_parser("pack", help="archive the result files git does not track yet")
@@ -734,7 +754,8 @@ def main(argv: list[str] | None = None) -> int:
             set_kernel_options(cuda_graphs=args.cuda_graphs)
             yield_to_foreground()
             print(json.dumps(run(args.profile, args.budget_min, engine=args.engine, max_batch=args.max_batch,
-                                 pages=args.pages, n_seeds=args.seeds, steps=args.steps)))
+                                 pages=args.pages, n_seeds=args.seeds, steps=args.steps,
+                                 carry_over=args.carry_over)))
             return 0
         if args.command == "pack":
             files = untracked_results()

@@ -117,6 +117,29 @@ def test_a_short_budget_finishes_a_checkpointed_run_it_would_not_start_afresh(tm
     assert json.loads(result_path(cfg, tmp_path).read_text())["meta"]["resumed_from_round"] == 1
 
 
+def test_carry_over_starts_a_run_longer_than_the_budget_when_two_of_its_rounds_fit(tmp_path, monkeypatch):
+    """TINY with four rounds estimated at 120 s (30 s a round): a 90 s budget starts it only with
+    ``carry_over`` (a run cut off at the deadline checkpoints and resumes:
+    test_a_deadline_mid_run_checkpoints_and_resumes); a 45 s budget, under two rounds, starts nothing
+    even so."""
+    cfg = TINY.replace(rounds=4)
+    monkeypatch.setenv("FEDLIB_RESULTS_DIR", str(tmp_path))
+    monkeypatch.setattr(campaign, "needed", lambda profile, pages=None, n_seeds=None: {"page": [cfg]})
+    monkeypatch.setattr(campaign, "claims_for", lambda profile, n_seeds=None: [("P", "page", "c", [cfg])])
+    per_sample = 120.0 / campaign.estimate_s(cfg, 1.0, campaign.record_dp_cost("cpu"))
+    monkeypatch.setattr(campaign, "bench_seconds_per_sample", lambda kind: (per_sample, "stub"))
+    assert campaign.CARRY_OVER_MIN_ROUNDS == 2  # 60 s of this run: more than 45 s, less than 90 s
+
+    def run(budget_min: float, carry_over: bool) -> dict:
+        return campaign.run("smoke", budget_min=budget_min, root=tmp_path, progress=False,
+                            carry_over=carry_over)
+
+    assert run(0.75, carry_over=True)["trained"] == 0
+    assert run(1.5, carry_over=False)["trained"] == 0
+    out = run(1.5, carry_over=True)
+    assert out["trained"] == 1 and out["still missing"] == 0
+
+
 def test_groups_put_one_shape_together(pages):
     gs = campaign.groups(campaign.missing(pages), per_sample=1e-6)
     assert sorted(len(g) for g in gs) == [1, 2]  # scaffold alone; the two fedavg seeds together
@@ -449,3 +472,11 @@ def test_every_claim_settled_at_paper_is_graded_there_by_its_page():
         if campaign.missing({page: per_page[page]}):  # the page renders below paper
             text = (REPO_ROOT / "notebooks" / f"{page}.ipynb").read_text()
             assert "show_settled_beyond(" in text, (page, row["claim"])
+
+
+def test_campaign_run_passes_carry_over(monkeypatch):
+    seen = []
+    monkeypatch.setattr(campaign, "run", lambda *a, **k: seen.append(k["carry_over"]) or {})
+    for flag in ([], ["--carry-over"]):
+        assert campaign.main(["run", "--profile", "smoke", "--budget-min", "1", *flag]) == 0
+    assert seen == [False, True]
