@@ -390,6 +390,17 @@ def groups(configs: list[Config], per_sample: float | None,
     return sorted(out, key=lambda g: -sum(cost(c) for c in g))
 
 
+def chunks(group: list[Config], max_batch: int, root: Path | None = None) -> list[list[Config]]:
+    """Run batches of at most ``max_batch`` runs from one group of :func:`groups`: runs resumed from a
+    checkpoint first, the furthest along first (they finish soonest), and only runs at the same round
+    in one batch (a batch of unequal ages would start all its runs afresh, :func:`fedlib.run.run_many`)."""
+    by_left: dict[float, list[Config]] = defaultdict(list)
+    for c in group:
+        by_left[rounds_left(c, root)].append(c)
+    return [same[i:i + max_batch] for left in sorted(by_left) for same in [by_left[left]]
+            for i in range(0, len(same), max_batch)]
+
+
 def after_training_hooks() -> dict[str, Callable]:
     """page -> what to compute from a freshly trained result of that page (``AFTER_TRAINING``)."""
     from studies.dpfl.pages import AFTER_TRAINING
@@ -435,8 +446,7 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
     for claim_names, configs in order(todo, claims, _cost(per_sample, rc, gc))[:steps]:
         complete = True
         for group in groups(configs, per_sample, rc):
-            for i in range(0, len(group), max_batch):
-                chunk = group[i:i + max_batch]
+            for chunk in chunks(group, max_batch, root):
                 est = sum(estimate_s(c, per_sample, rc, gc) * rounds_left(c, root) for c in chunk)
                 left = deadline - time.time()
                 if carry_over:  # only what must fit: a few rounds, the rest carries over

@@ -140,6 +140,17 @@ def test_carry_over_starts_a_run_longer_than_the_budget_when_two_of_its_rounds_f
     assert out["trained"] == 1 and out["still missing"] == 0
 
 
+def test_run_batches_resume_checkpointed_runs_first_and_never_mix_ages(tmp_path, monkeypatch):
+    from fedlib.run import run_many
+
+    monkeypatch.setenv("FEDLIB_RESULTS_DIR", str(tmp_path))
+    seeds = [TINY.replace(seed=s) for s in range(3)]
+    run_many([seeds[1]], root=tmp_path, progress=False, deadline=0.0)  # seed 1 checkpoints after round 1
+    assert campaign.rounds_left(seeds[1], tmp_path) == 0.5
+    assert campaign.chunks(seeds, max_batch=2, root=tmp_path) == [[seeds[1]], [seeds[0], seeds[2]]]
+    assert campaign.chunks(seeds, max_batch=1, root=tmp_path) == [[seeds[1]], [seeds[0]], [seeds[2]]]
+
+
 def test_groups_put_one_shape_together(pages):
     gs = campaign.groups(campaign.missing(pages), per_sample=1e-6)
     assert sorted(len(g) for g in gs) == [1, 2]  # scaffold alone; the two fedavg seeds together
