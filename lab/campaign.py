@@ -62,9 +62,12 @@ from fedlib.run import batch_key, run_many
 
 #: Relative cost of one round per training sample, by model and by algorithm (forward/backward
 #: passes per step: MOON and MOON-DPAP run the global and previous models too, Ditto trains two
-#: models). Anchored on the benchmark's FedAvg round of the MOON-DPAP CNN.
+#: models). Anchored on the benchmark's FedAvg round of the MOON-DPAP CNN. MOON's factor is the CPU
+#: benchmark's of 2026-11-26 (a MOON round 1.79x a FedAvg round, in the same run; 2.2 from the one of
+#: 2026-11-23); MOON-DPAP's first paper run on this CPU (2026-11-26, `parallel`) took a median 18.5 s
+#: a round, 1.5x that benchmark's FedAvg rate at the same number of samples.
 MODEL_COST = {"cnn": 1.0, "mcmahan_cnn": 3.0, "mlp": 0.15}
-ALGORITHM_COST = {"moon": 2.2, "moon_dpap": 2.2, "ditto": 2.0, "scaffold": 1.1, "feddyn": 1.1}
+ALGORITHM_COST = {"moon": 1.8, "moon_dpap": 1.8, "ditto": 2.0, "scaffold": 1.1, "feddyn": 1.1}
 #: Record-level DP-SGD (per-sample gradients, Poisson batches) over the same algorithm without it:
 #: the median seconds per round of MOON-DPAP's committed quick runs on the 2-core CPU (32.3 s
 #: against 3.4 s). A benchmark that measured its device's own (``record_dp_cost``, ``--scale``)
@@ -133,10 +136,12 @@ def invalid(per_page: dict[str, list[Config]], root: Path | None = None) -> list
 
 def latest_bench(kind: str) -> tuple[dict | None, str]:
     """The results of the latest committed benchmark of ``kind`` ("cuda" or "cpu") and its file
-    name, or (None, "") when there is none."""
+    name, or (None, "") when there is none. Latest by the date that ends the file name
+    (``<device>-<YYYY-MM-DD>.json``, :func:`lab.bench.save`), not by the device's name: an H100's
+    newer benchmark counts over an H200's older one."""
     from lab.bench import bench_dir
 
-    files = sorted(bench_dir().glob(f"{kind}-*.json"))
+    files = sorted(bench_dir().glob(f"{kind}-*.json"), key=lambda f: (f.stem[-10:], f.name))
     if not files:
         return None, ""
     return json.loads(files[-1].read_text())["results"], files[-1].name

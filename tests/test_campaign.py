@@ -418,6 +418,9 @@ def test_record_dp_cost_is_the_devices_own_where_a_benchmark_measured_it(tmp_pat
     (tmp_path / "cuda-x-2026-01-02.json").write_text(json.dumps({"results": {"record_dp_cost": 2.5}}))
     assert campaign.record_dp_cost("cuda") == 2.5
     assert campaign.record_dp_cost("cpu") == campaign.RECORD_DP_COST
+    (tmp_path / "cuda-a-2026-01-03.json").write_text(json.dumps({"results": {"record_dp_cost": 3.0}}))
+    assert campaign.latest_bench("cuda")[1] == "cuda-a-2026-01-03.json"  # by date, not by device name
+    assert campaign.record_dp_cost("cuda") == 3.0
     record = TINY.replace(algorithm="moon_dpap", dp="record", dp_epsilon_total=10.0, dp_schedule="constant")
     assert campaign.estimate_s(record, 1e-3, 2.5) == pytest.approx(campaign.estimate_s(record, 1e-3, 5.0) / 2)
     assert campaign.estimate_s(TINY, 1e-3, 2.5) == campaign.estimate_s(TINY, 1e-3, 5.0)  # no record DP
