@@ -64,8 +64,9 @@ from fedlib.run import batch_key, run_many
 #: passes per step: MOON and MOON-DPAP run the global and previous models too, Ditto trains two
 #: models). Anchored on the benchmark's FedAvg round of the MOON-DPAP CNN. MOON's factor is the CPU
 #: benchmark's of 2026-11-26 (a MOON round 1.79x a FedAvg round, in the same run; 2.2 from the one of
-#: 2026-11-23); MOON-DPAP's first paper run on this CPU (2026-11-26, `parallel`) took a median 18.5 s
-#: a round, 1.5x that benchmark's FedAvg rate at the same number of samples.
+#: 2026-11-23); MOON-DPAP's first paper run on this CPU (2026-11-26, `parallel`) took a median 23.5 s
+#: a round (18.5 s in its first, faster hour), 1.5-1.9x that benchmark's FedAvg rate at the same
+#: number of samples: this machine's speed drifts between hours.
 MODEL_COST = {"cnn": 1.0, "mcmahan_cnn": 3.0, "mlp": 0.15}
 ALGORITHM_COST = {"moon": 1.8, "moon_dpap": 1.8, "ditto": 2.0, "scaffold": 1.1, "feddyn": 1.1}
 #: Record-level DP-SGD (per-sample gradients, Poisson batches) over the same algorithm without it:
