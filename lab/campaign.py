@@ -396,15 +396,16 @@ def groups(configs: list[Config], per_sample: float | None,
     return sorted(out, key=lambda g: -sum(cost(c) for c in g))
 
 
-def chunks(group: list[Config], max_batch: int, root: Path | None = None) -> list[list[Config]]:
-    """Run batches of at most ``max_batch`` runs from one group of :func:`groups`: runs resumed from a
+def chunks(group: list[Config], max_batch: int, root: Path | None = None) -> list[tuple[float, list[Config]]]:
+    """Run batches of at most ``max_batch`` runs from one group of :func:`groups`, each with the share
+    of its rounds still to train (:func:`rounds_left`, read once per run): runs resumed from a
     checkpoint first, the furthest along first (they finish soonest), and only runs at the same round
     in one batch (a batch of unequal ages would start all its runs afresh, :func:`fedlib.run.run_many`)."""
     by_left: dict[float, list[Config]] = defaultdict(list)
     for c in group:
         by_left[rounds_left(c, root)].append(c)
-    return [same[i:i + max_batch] for left in sorted(by_left) for same in [by_left[left]]
-            for i in range(0, len(same), max_batch)]
+    return [(left, by_left[left][i:i + max_batch]) for left in sorted(by_left)
+            for i in range(0, len(by_left[left]), max_batch)]
 
 
 def after_training_hooks() -> dict[str, Callable]:
@@ -452,13 +453,13 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
     for claim_names, configs in order(todo, claims, _cost(per_sample, rc, gc))[:steps]:
         complete = True
         for group in groups(configs, per_sample, rc):
-            for chunk in chunks(group, max_batch, root):
-                est = sum(estimate_s(c, per_sample, rc, gc) * rounds_left(c, root) for c in chunk)
-                left = deadline - time.time()
+            for share_left, chunk in chunks(group, max_batch, root):
+                est = share_left * sum(estimate_s(c, per_sample, rc, gc) for c in chunk)
+                time_left = deadline - time.time()
                 if carry_over:  # only what must fit: a few rounds, the rest carries over
                     est = min(est, CARRY_OVER_MIN_ROUNDS * sum(estimate_s(c, per_sample, rc, gc) / c.rounds
                                                                for c in chunk))
-                if left <= 0 or (math.isfinite(est) and est > left):
+                if time_left <= 0 or (math.isfinite(est) and est > time_left):
                     skipped += len(chunk)
                     complete = False
                     continue

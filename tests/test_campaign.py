@@ -147,8 +147,9 @@ def test_run_batches_resume_checkpointed_runs_first_and_never_mix_ages(tmp_path,
     seeds = [TINY.replace(seed=s) for s in range(3)]
     run_many([seeds[1]], root=tmp_path, progress=False, deadline=0.0)  # seed 1 checkpoints after round 1
     assert campaign.rounds_left(seeds[1], tmp_path) == 0.5
-    assert campaign.chunks(seeds, max_batch=2, root=tmp_path) == [[seeds[1]], [seeds[0], seeds[2]]]
-    assert campaign.chunks(seeds, max_batch=1, root=tmp_path) == [[seeds[1]], [seeds[0]], [seeds[2]]]
+    first, fresh = (0.5, [seeds[1]]), [seeds[0], seeds[2]]
+    assert campaign.chunks(seeds, max_batch=2, root=tmp_path) == [first, (1.0, fresh)]
+    assert campaign.chunks(seeds, max_batch=1, root=tmp_path) == [first, *((1.0, [c]) for c in fresh)]
 
 
 def test_groups_put_one_shape_together(pages):
