@@ -52,6 +52,7 @@ from fedlib.results import (
     REPO_ROOT,
     Result,
     atomic_write_bytes,
+    checkpoint_dir,
     checkpoint_path,
     content_hash,
     result_path,
@@ -429,7 +430,7 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
 
     A run batch starts only if its estimate fits in what is left of the budget, and the next batches
     that fit are tried instead (right where checkpoints do not outlive the machine: a lent GPU). With
-    ``carry_over`` (a machine that keeps its checkpoint folder, :func:`fedlib.run.checkpoint_dir`), the
+    ``carry_over`` (a machine that keeps its checkpoint folder, :func:`fedlib.results.checkpoint_dir`), the
     next batch in claims-first order starts whenever at least :data:`CARRY_OVER_MIN_ROUNDS` of its
     rounds fit: at the deadline it checkpoints after the round it is in, and the next ``run`` resumes
     it, so a run longer than any one budget is trained across several."""
@@ -444,6 +445,9 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
     todo = missing(per_page, root)
     claims = [(f"{page}: {claim}", cs) for _, page, claim, cs in claims_for(profile, n_seeds)
               if page in per_page]
+    resumable = sum(rounds_left(c, root) < 1 for c in todo)
+    if progress:
+        print(checkpoint_line(resumable, len(todo), checkpoint_dir(root), carry_over), file=sys.stderr)
     hooks = after_training_hooks()
     pages_of: dict[str, list[str]] = defaultdict(list)
     for page, cs in per_page.items():
@@ -477,7 +481,19 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
         settled += len(claim_names) if complete else 0
     left = len(missing(per_page, root))
     return {"trained": done, "not started or stopped": skipped, "still missing": left,
-            "claims settled": settled, "minutes": (time.time() - start) / 60}
+            "claims settled": settled, "resumable at start": resumable, "minutes": (time.time() - start) / 60}
+
+
+def checkpoint_line(resumable: int, missing_runs: int, folder: Path, carry_over: bool) -> str:
+    """One line at the start of ``run``: how many missing runs resume from a checkpoint in ``folder``.
+    None while ``carry_over`` is on is the sign of a machine that did not keep its cache folder since
+    the last working period (a fresh cloud or CI machine): what a run leaves at the deadline is lost
+    there, and a budget without ``--carry-over`` only starts runs that finish."""
+    line = f"campaign: {resumable} of {missing_runs} missing runs resume from checkpoints in {folder}"
+    if carry_over and resumable == 0:
+        line += ("; none found: if this machine is new each working period, leave --carry-over off "
+                 "(a run cut off at the deadline would be lost with the machine)")
+    return line
 
 
 # ---- moving results between machines ----------------------------------------------------------------

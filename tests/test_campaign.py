@@ -110,10 +110,11 @@ def test_a_short_budget_finishes_a_checkpointed_run_it_would_not_start_afresh(tm
     monkeypatch.setattr(campaign, "claims_for", lambda profile, n_seeds=None: [("P", "page", "c", [cfg])])
     per_sample = 120.0 / campaign.estimate_s(cfg, 1.0, campaign.record_dp_cost("cpu"))
     monkeypatch.setattr(campaign, "bench_seconds_per_sample", lambda kind: (per_sample, "stub"))
-    assert campaign.run("smoke", budget_min=1.5, root=tmp_path, progress=False)["trained"] == 0
+    first = campaign.run("smoke", budget_min=1.5, root=tmp_path, progress=False)
+    assert first["trained"] == 0 and first["resumable at start"] == 0
     run_many([cfg], root=tmp_path, progress=False, deadline=0.0)  # cut off after round 1
     out = campaign.run("smoke", budget_min=1.5, root=tmp_path, progress=False)
-    assert out["trained"] == 1 and out["still missing"] == 0
+    assert out["trained"] == 1 and out["still missing"] == 0 and out["resumable at start"] == 1
     assert json.loads(result_path(cfg, tmp_path).read_text())["meta"]["resumed_from_round"] == 1
 
 
@@ -138,6 +139,17 @@ def test_carry_over_starts_a_run_longer_than_the_budget_when_two_of_its_rounds_f
     assert run(1.5, carry_over=False)["trained"] == 0
     out = run(1.5, carry_over=True)
     assert out["trained"] == 1 and out["still missing"] == 0
+
+
+def test_the_checkpoint_line_warns_only_when_carry_over_finds_nothing_to_resume(tmp_path):
+    """A machine that is new each working period keeps no checkpoint: with ``carry_over`` on and none
+    found, the line says that a run cut off at the deadline would be lost; otherwise it only counts."""
+    warned = campaign.checkpoint_line(0, 5, tmp_path, carry_over=True)
+    assert warned.startswith(f"campaign: 0 of 5 missing runs resume from checkpoints in {tmp_path}")
+    assert "--carry-over off" in warned
+    for line in (campaign.checkpoint_line(0, 5, tmp_path, carry_over=False),
+                 campaign.checkpoint_line(2, 5, tmp_path, carry_over=True)):
+        assert "--carry-over" not in line
 
 
 def test_run_batches_resume_checkpointed_runs_first_and_never_mix_ages(tmp_path, monkeypatch):
