@@ -35,7 +35,7 @@ _OPTIONS: dict[str, bool | str] = {"cuda_graphs": True, "lane_conv": "grouped", 
 LANE_CONVS = ("grouped", "im2col")
 #: How record-level DP-SGD's step noise is drawn (see the module's docstring).
 STEP_NOISES = ("generator", "counter")
-#: When the server's exact discrete Gaussian is drawn ahead, in a worker thread while the clients
+#: When the server's exact discrete Gaussian is drawn ahead, in worker threads while the clients
 #: train (:func:`fedlib.privacy.central.prefetch_noisy_sum`; the same values either way, so results
 #: do not record it): ``auto``, on CUDA only (a CPU's cores are busy training); ``on``; ``off``.
 NOISE_AHEAD = ("auto", "on", "off")

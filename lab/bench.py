@@ -29,6 +29,8 @@ Measures, in one process and on one setting (dataset, model, clients, samples, b
   ``speedup_vectorized = sequential_s / vectorized_s``, ``default_vs_floor = default_s / floor_s``;
 * round times of MOON, SCAFFOLD and MOON-DPAP with every component and client-level DP on
   (``moon_dpap_dp_s``; ``moon_dpap_dp_vs_fedavg`` is its ratio to a FedAvg round);
+* ``server_noise``: the host's seconds per round of MOON-DPAP's exact discrete Gaussian, on one
+  thread and drawn ahead by the worker threads (:func:`server_noise`);
 * ``floor_bf16_s``, ``default_bf16_s``: the same with ``precision="bfloat16"`` (forward
   pass under autocast; different numbers, so an option, not the default), and
   ``default_bf16_vs_floor = default_bf16_s / floor_s``;
@@ -68,6 +70,7 @@ import statistics
 import sys
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -276,6 +279,43 @@ def scale_figures(config: Config, device: torch.device, rounds: int, clients: tu
     round_s, eval_s = time_rounds(dpap, device, path, rounds)
     out["paper_moon_dpap_dp_run_s"] = PAPER_ROUNDS * (round_s + eval_s)
     return out
+
+
+def server_noise(config: Config, per_worker: int = 2) -> dict:
+    """The host's cost of MOON-DPAP's central noise (:mod:`fedlib.privacy.central`: an exact
+    discrete Gaussian on every coordinate of the model, round 0's sigma of ``moon_dpap_dp``):
+    ``one_s``, one round's noise drawn on one thread (what a round waits for when nothing is drawn
+    ahead), and ``ahead_s``, the time per round when ``per_worker`` rounds per worker thread are
+    drawn at once by :func:`~fedlib.privacy.central.noise_workers` threads, as the draws ahead are
+    (the least a run's round can take on a GPU, whatever its training)."""
+    import numpy as np
+
+    from fedlib.privacy import central
+    from fedlib.privacy.discrete import discrete_gaussian
+    from fedlib.privacy.guarantee import Relation
+
+    exp = Experiment(config.replace(**OTHER_ALGORITHMS["moon_dpap_dp"], rounds=2), torch.device("cpu"))
+    sizes = [v.numel() for v in leaves(exp.gparams)]
+    c = exp.config
+    sigma = central._discrete_sigma(c.dp_clip, exp.algo.hyper(0)["noise_multiplier"], Relation.REPLACE_ONE,
+                                     sum(sizes))
+
+    def one_round(i: int) -> None:
+        rng = np.random.default_rng(i)
+        for n in sizes:
+            discrete_gaussian(n, sigma, rng)
+
+    one_round(0)  # warm-up
+    t0 = time.perf_counter()
+    one_round(1)
+    one = time.perf_counter() - t0
+    workers = central.noise_workers()
+    rounds = per_worker * workers
+    with ThreadPoolExecutor(workers) as pool:
+        t0 = time.perf_counter()
+        list(pool.map(one_round, range(2, 2 + rounds)))
+        ahead = (time.perf_counter() - t0) / rounds
+    return {"coordinates": sum(sizes), "one_s": one, "workers": workers, "ahead_s": ahead}
 
 
 def client_state_mb(config: Config, clients: int) -> float:
@@ -496,6 +536,7 @@ def benchmark(config: Config, device: torch.device, rounds: int = 3,
     for name, changes in OTHER_ALGORITHMS.items():
         out[f"{name}_s"] = time_rounds(config.replace(**changes), device, default, rounds)[0]
     out["moon_dpap_dp_vs_fedavg"] = out["moon_dpap_dp_s"] / out["default_s"]
+    out["server_noise"] = server_noise(config)
     # Opt-in bfloat16 (other numbers, so not what the targets are about): the floor and the
     # default path with the forward pass under autocast.
     bf16 = config.replace(precision="bfloat16")
@@ -592,8 +633,9 @@ def main(argv: list[str] | None = None) -> int:
                         "torch.Generator per client and step and the default, or counter, Philox for "
                         "every lane in one draw); any device")
     p.add_argument("--noise-ahead", choices=["auto", "on", "off"], default=None,
-                   help="draw the server's exact discrete Gaussian in a worker thread while the clients "
-                        "train (fedlib.kernels; auto, the default: on CUDA only; the same values either way)")
+                   help="draw the server's exact discrete Gaussian ahead, in worker threads while the "
+                        "clients train (fedlib.kernels; auto, the default: on CUDA only; the same values "
+                        "either way)")
     p.add_argument("--host-memory", choices=["reuse", "system"], default=None,
                    help="leave glibc's own behaviour (system, the default) or keep freed host memory for "
                         "the next step (reuse); fedlib.host_memory, the same numbers either way")

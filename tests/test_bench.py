@@ -18,7 +18,7 @@ KEYS = {"device", "model", "clients", "samples", "floor_s", "sequential_s", "vec
         "peak_mem_mb", "moon_s", "scaffold_s", "moon_dpap_dp_s", "default_bf16_s",
         "moon_dpap_state_mb_1000", "run_batch_runs_per_s", "default_gflops", "matmul_peak_gflops",
         "default_percent_of_peak", "train_mflop_per_sample", "operators_per_step", "operators_exclude_views",
-        "record_dp_step"}
+        "record_dp_step", "server_noise"}
 #: What the cores can give: measured on a CPU only.
 CPU_KEYS = {"floor_1thread_s", "plain_parallel_s", "plain_parallel_vs_floor",
             "plain_parallel_percent_of_peak"}
@@ -43,6 +43,18 @@ def test_bench_json_line_has_every_key(capsys):
     assert len(res["matmul_peak_gflops_measured"]) == 2 and peak == max(res["matmul_peak_gflops_measured"])
     assert res["default_percent_of_peak"] == pytest.approx(100 * gflops / peak)
     assert gflops == pytest.approx(400 * res["train_mflop_per_sample"] / 1e3 / res["default_s"])
+
+
+def test_server_noise_times_one_rounds_discrete_gaussian_over_the_whole_model():
+    """The host's central-noise cost covers every coordinate of MOON-DPAP's model, on one thread and
+    per round through the worker threads that draw ahead (times positive, not judged)."""
+    from fedlib.privacy.central import noise_workers
+
+    cfg = Config(model="mlp", clients=2, train_samples=100, test_samples=50)
+    exp = Experiment(cfg.replace(algorithm="moon_dpap"), torch.device("cpu"))
+    out = bench.server_noise(cfg, per_worker=1)
+    assert out["coordinates"] == sum(v.numel() for v in exp.gparams.values())
+    assert out["workers"] == noise_workers() and out["one_s"] > 0 and out["ahead_s"] > 0
 
 
 def test_record_cost_times_only_the_three_moon_dpap_rounds(capsys):

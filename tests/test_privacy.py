@@ -493,6 +493,42 @@ def test_noise_drawn_ahead_is_the_noise_noisy_sum_draws():
         central._AHEAD.clear()
 
 
+def test_moon_dpap_draws_the_server_noise_of_its_next_rounds_ahead_with_each_rounds_sigma_and_key():
+    """At round t the server noise of rounds t .. t + ROUNDS_AHEAD - 1 (never past the run's last) is
+    started, each keyed and scaled as that round's noisy sum will be (the 'paper' schedule changes
+    sigma every round), and a round already being drawn is not drawn twice."""
+    from fedlib.experiment import Experiment
+    from fedlib.privacy import central
+    from fedlib.privacy.guarantee import Relation
+    from fedlib.streams import Stream
+
+    cfg = Config(algorithm="moon_dpap", dp="central", dp_epsilon_per_round=4.0, dp_schedule="paper",
+                 dp_clip=0.5, model="mlp", clients=4, train_samples=320, test_samples=100,
+                 rounds=central.ROUNDS_AHEAD + 3, min_client_samples=10)
+    algo = Experiment(cfg, torch.device("cpu")).algo
+    gparams = {"w": torch.zeros(3, 2), "b": torch.zeros(2)}
+    sizes = central._sizes(gparams, 0)
+    dims = sum(n for _, n in sizes)
+
+    def key(t: int) -> tuple:
+        sigma = central._discrete_sigma(0.5, algo.hyper(t)["noise_multiplier"], Relation.REPLACE_ONE, dims)
+        return algo.noise_seed(Stream.CENTRAL_NOISE, t), sizes, sigma
+
+    assert len({key(t)[2] for t in range(cfg.rounds)}) > 1  # sigma does change between rounds
+    central._AHEAD.clear()
+    try:
+        algo.prefetch_server_noise(RoundContext(0, gparams, algo.hyper(0)))
+        assert list(central._AHEAD) == [key(t) for t in range(central.ROUNDS_AHEAD)]
+        first = dict(central._AHEAD)
+        algo.prefetch_server_noise(RoundContext(5, gparams, algo.hyper(5)))
+        assert list(central._AHEAD) == [key(t) for t in range(cfg.rounds)]  # up to the last round only
+        assert all(central._AHEAD[k] is f for k, f in first.items())  # not drawn again
+    finally:
+        for f in central._AHEAD.values():
+            f.result()
+        central._AHEAD.clear()
+
+
 def test_a_moon_dpap_run_drawing_its_server_noise_ahead_is_the_same_run(tmp_path, restore_kernels,
                                                                           monkeypatch):
     """MOON-DPAP with central DP and the server noise drawn ahead (``noise_ahead="on"``; the CUDA

@@ -59,7 +59,7 @@ from fedlib.algorithms.base import Params, RoundContext
 from fedlib.algorithms.moon import Moon
 from fedlib.config import Config
 from fedlib.privacy.accounting import calibrate_rdp, gaussian_sigma, rdp_epsilon
-from fedlib.privacy.central import noisy_one, noisy_sum, prefetch_noisy_sum
+from fedlib.privacy.central import ROUNDS_AHEAD, noisy_one, noisy_sum, prefetch_noisy_sum
 from fedlib.privacy.clipping import clip_by_l2
 from fedlib.privacy.dpsgd import private_grad
 from fedlib.privacy.ghost import private_grad_ghost
@@ -257,12 +257,17 @@ class MoonDpap(Moon):
 
     # ---- server ---------------------------------------------------------------------------
     def prefetch_server_noise(self, ctx):
-        """Central DP: the exact discrete Gaussian of this round's noisy sum, drawn while the clients
-        train (the same key, sigma and sizes as :meth:`server_update`'s call)."""
+        """Central DP: the exact discrete Gaussian of this round's noisy sum and of the next
+        :data:`~fedlib.privacy.central.ROUNDS_AHEAD` - 1 rounds' (the run's last at most), drawn
+        while the clients train; each with the key, sigma and sizes of its round's
+        :meth:`server_update` call (the noise multiplier of a round is fixed by the config: the
+        schedule of :meth:`hyper`; the sizes are the model's in every round). Rounds already
+        being drawn are not drawn again."""
         c = self.config
         if c.dp == "central" and c.secure_noise and c.randomness != "secret":
-            prefetch_noisy_sum(ctx.gparams, c.dp_clip, ctx.hyper["noise_multiplier"], Relation.REPLACE_ONE,
-                               self.central_noise_seed(ctx))
+            for t in range(ctx.t, min(ctx.t + ROUNDS_AHEAD, c.rounds)):
+                prefetch_noisy_sum(ctx.gparams, c.dp_clip, self.hyper(t)["noise_multiplier"],
+                                   Relation.REPLACE_ONE, self.noise_seed(Stream.CENTRAL_NOISE, t))
 
     def central_noise_seed(self, ctx) -> tuple[int, ...]:
         """The key of round ``ctx.t``'s central noise (the server step's, and its draw ahead)."""
