@@ -50,6 +50,7 @@ client (:mod:`fedlib.privacy.dpsgd`), which protects one training example agains
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -266,8 +267,9 @@ class MoonDpap(Moon):
         c = self.config
         if c.dp == "central" and c.secure_noise and c.randomness != "secret":
             for t in range(ctx.t, min(ctx.t + ROUNDS_AHEAD, c.rounds)):
-                prefetch_noisy_sum(ctx.gparams, c.dp_clip, self.hyper(t)["noise_multiplier"],
-                                   Relation.REPLACE_ONE, self.noise_seed(Stream.CENTRAL_NOISE, t))
+                at = dataclasses.replace(ctx, t=t, hyper=self.hyper(t))  # what noise depends on, at t
+                prefetch_noisy_sum(ctx.gparams, c.dp_clip, at.hyper["noise_multiplier"], Relation.REPLACE_ONE,
+                                   self.central_noise_seed(at))
 
     def central_noise_seed(self, ctx) -> tuple[int, ...]:
         """The key of round ``ctx.t``'s central noise (the server step's, and its draw ahead)."""
