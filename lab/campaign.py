@@ -397,14 +397,16 @@ def groups(configs: list[Config], per_sample: float | None,
     return sorted(out, key=lambda g: -sum(cost(c) for c in g))
 
 
-def chunks(group: list[Config], max_batch: int, root: Path | None = None) -> list[tuple[float, list[Config]]]:
+def chunks(group: list[Config], max_batch: int, root: Path | None = None,
+           left: dict[str, float] | None = None) -> list[tuple[float, list[Config]]]:
     """Run batches of at most ``max_batch`` runs from one group of :func:`groups`, each with the share
-    of its rounds still to train (:func:`rounds_left`, read once per run): runs resumed from a
+    of its rounds still to train (``left``, by config key, where the caller has read it; else
+    :func:`rounds_left`, read once per run): runs resumed from a
     checkpoint first, the furthest along first (they finish soonest), and only runs at the same round
     in one batch (a batch of unequal ages would start all its runs afresh, :func:`fedlib.run.run_many`)."""
     by_left: dict[float, list[Config]] = defaultdict(list)
     for c in group:
-        by_left[rounds_left(c, root)].append(c)
+        by_left[left[c.key()] if left is not None else rounds_left(c, root)].append(c)
     return [(left, by_left[left][i:i + max_batch]) for left in sorted(by_left)
             for i in range(0, len(by_left[left]), max_batch)]
 
@@ -445,7 +447,8 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
     todo = missing(per_page, root)
     claims = [(f"{page}: {claim}", cs) for _, page, claim, cs in claims_for(profile, n_seeds)
               if page in per_page]
-    resumable = sum(rounds_left(c, root) < 1 for c in todo)
+    left_at_start = {c.key(): rounds_left(c, root) for c in todo}  # each checkpoint read once
+    resumable = sum(share < 1 for share in left_at_start.values())
     if progress:
         print(checkpoint_line(resumable, len(todo), checkpoint_dir(root), carry_over), file=sys.stderr)
     hooks = after_training_hooks()
@@ -457,7 +460,7 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
     for claim_names, configs in order(todo, claims, _cost(per_sample, rc, gc))[:steps]:
         complete = True
         for group in groups(configs, per_sample, rc):
-            for share_left, chunk in chunks(group, max_batch, root):
+            for share_left, chunk in chunks(group, max_batch, root, left_at_start):
                 est = share_left * sum(estimate_s(c, per_sample, rc, gc) for c in chunk)
                 time_left = deadline - time.time()
                 if carry_over:  # only what must fit: a few rounds, the rest carries over
