@@ -140,6 +140,12 @@ def provenance(device: torch.device, engine: str) -> dict[str, Any]:
                {"kernels": device_options()} if device_options() else {})}
 
 
+def run_seconds(meta: dict[str, Any]) -> float:
+    """Seconds of training one result accounts for: its ``meta.duration_s`` shared out among the runs
+    of its run batch (each run of a batch records the whole batch's wall-clock time)."""
+    return float(meta.get("duration_s") or 0.0) / max(1, len(meta.get("run_batch") or ()))
+
+
 @dataclass
 class Result:
     """A finished run: its config, per-round history and provenance."""

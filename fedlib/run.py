@@ -39,6 +39,7 @@ from fedlib.results import (
     provenance,
     result_path,
     results_dir,
+    run_seconds,
     set_aside,
 )
 from fedlib.tree import leaves, tmap
@@ -323,7 +324,7 @@ def _log_run(result: Result, cached: bool) -> None:
     if not path:
         return
     line = {"key": result.config.key(), "algorithm": result.config.algorithm, "cached": cached,
-            "duration_s": result.meta.get("duration_s"), "device": result.meta.get("device"),
+            "duration_s": run_seconds(result.meta), "device": result.meta.get("device"),
             "engine": result.meta.get("engine")}
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")

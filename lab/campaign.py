@@ -58,6 +58,7 @@ from fedlib.results import (
     result_path,
     result_status,
     results_dir,
+    run_seconds,
 )
 from fedlib.run import batch_key, run_many
 
@@ -337,7 +338,7 @@ def total_minutes(per_page: dict[str, list[Config]], kind: str, root: Path | Non
 def trained_summary(profile: str = "paper", root: Path | None = None) -> list[dict]:
     """Per study: the distinct configurations its pages need at ``profile``, how many are trained
     (a result that verifies), on which devices (from each result's provenance) and the hours of
-    training those results record (``meta.duration_s``, resumed runs included)."""
+    training those results record (:func:`run_seconds`, resumed runs included)."""
     from studies import PAPER_NAMES, page_study
 
     per_study: dict[str, dict[str, Config]] = defaultdict(dict)
@@ -353,7 +354,7 @@ def trained_summary(profile: str = "paper", root: Path | None = None) -> list[di
                 continue
             meta = Result.load(result_path(c, root), expect=c).meta
             devices["GPU" if str(meta.get("device", "")).startswith("cuda") else "CPU"] += 1
-            hours += float(meta.get("duration_s", 0.0)) / 3600
+            hours += run_seconds(meta) / 3600
         rows.append({"study": PAPER_NAMES[study], "needed": len(cs), "trained": sum(devices.values()),
                      "devices": dict(sorted(devices.items())), "hours": hours})
     return rows
@@ -371,7 +372,7 @@ def trained_sentence(rows: list[dict]) -> str:
 
 def settled_claims(profile: str = "paper", root: Path | None = None) -> list[dict]:
     """Every claim whose runs are all trained at ``profile``: its paper and page, how many runs decide
-    it, on which devices, and the hours of training those runs record (``meta.duration_s``, resumed
+    it, on which devices, and the hours of training those runs record (:func:`run_seconds`, resumed
     runs included; runs shared with other claims count for each); what the rerun page shows."""
     rows = []
     for paper, page, needs, configs in claims_for(profile, None):
@@ -381,7 +382,7 @@ def settled_claims(profile: str = "paper", root: Path | None = None) -> list[dic
         metas = [Result.load(result_path(c, root), expect=c).meta for c in distinct]
         devices = sorted({"GPU" if str(m.get("device", "")).startswith("cuda") else "CPU" for m in metas})
         rows.append({"paper": paper, "page": page, "claim": needs, "runs": len(distinct),
-                     "devices": devices, "hours": sum(float(m.get("duration_s", 0.0)) for m in metas) / 3600})
+                     "devices": devices, "hours": sum(run_seconds(m) for m in metas) / 3600})
     return rows
 
 

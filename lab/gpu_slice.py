@@ -35,7 +35,9 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shlex
+import signal
 import subprocess
 import sys
 import tarfile
@@ -80,16 +82,47 @@ def xdist_args(workers: int, dist: str = "loadfile") -> list[str]:
     return ["-n", str(workers), "--dist", dist] if workers > 0 else []
 
 
+#: Seconds a step past its time gets to stop after SIGINT (pytest then prints its summary of what
+#: ran) before it is killed.
+STOP_GRACE_S = 20.0
+
+_TEST_ID = re.compile(r"(tests/\S+::\S+)")
+_OUTCOME = re.compile(r"\b(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+
+
 def _step(cmd: list[str], log: Path, timeout_s: float) -> dict:
-    """Run ``cmd`` with its output in ``log``; its exit status and seconds (124 past ``timeout_s``)."""
+    """Run ``cmd`` with its output in ``log``; its exit status and seconds (124 past ``timeout_s``:
+    it is interrupted with SIGINT, given :data:`STOP_GRACE_S` to report, then killed)."""
     t0 = time.time()
     with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
         try:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                                timeout=max(1.0, timeout_s)).returncode
+            rc = proc.wait(timeout=max(1.0, timeout_s))
         except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
             rc = 124
     return {"command": shlex.join(cmd), "rc": rc, "seconds": round(time.time() - t0, 1)}
+
+
+def pytest_outcomes(log_text: str) -> dict:
+    """What a verbose pytest log (``-v``, with or without xdist) says each test did, so that a run cut
+    off before pytest's own summary still names its failures: counts by outcome, and the ids of the
+    tests that failed or errored."""
+    last: dict[str, str] = {}
+    for line in log_text.splitlines():
+        test, outcome = _TEST_ID.search(line), _OUTCOME.search(line)
+        if test and outcome:
+            last[test.group(1)] = outcome.group(1)
+    counts: dict[str, int] = {}
+    for outcome in last.values():
+        counts[outcome.lower()] = counts.get(outcome.lower(), 0) + 1
+    bad = sorted(t for t, o in last.items() if o in ("FAILED", "ERROR"))
+    return {"outcomes": dict(sorted(counts.items())), "failed": bad}
 
 
 #: The device check of ``--tests check``: the captured step against the float64 CPU reference, for
@@ -164,15 +197,17 @@ def slice_(minutes: float, out: Path, profile: str = "paper", pages: list[str] |
     # 2. tests: the device check by default
     py = sys.executable
     if tests == "check":
-        args = [py, "-m", "pytest", *CHECK_TESTS, "-q", "-p", "no:cacheprovider", "-rs"]
+        args = [py, "-m", "pytest", *CHECK_TESTS, "-v", "-p", "no:cacheprovider", "-rfEs"]
         summary["steps"]["tests"] = _step(args, logs / "tests.log", tests_limit())
     elif tests != "none":
         # The modules that need papermill, a browser or Flower are left out in both modes: they import
         # what the node lacks at collection, which would stop even ``-m gpu``.
-        args = [py, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-rs", *NODE_IGNORES]
+        args = [py, "-m", "pytest", "tests", "-v", "-p", "no:cacheprovider", "-rfEs", *NODE_IGNORES]
         dist = "load" if tests == "gpu" else "loadfile"
         args += ["-m", "gpu" if tests == "gpu" else "not heavy", *xdist_args(test_workers, dist)]
         summary["steps"]["tests"] = _step(args, logs / "tests.log", tests_limit())
+    if tests != "none" and (logs / "tests.log").exists():  # each test's outcome, even when cut off
+        summary["steps"]["tests"].update(pytest_outcomes((logs / "tests.log").read_text(errors="replace")))
 
     # 3. campaign, with what is left (less the margin for packing)
     budget = (deadline - time.time()) / 60 - margin_min

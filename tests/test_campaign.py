@@ -462,6 +462,23 @@ def test_trained_summary_counts_devices_from_provenance(pages, tmp_path, monkeyp
     assert campaign.trained_sentence(rows) == "1 of 3 configurations trained: FDL 1 of 3 (1 on a CPU)"
 
 
+def test_a_run_batch_s_training_time_is_counted_once(pages, tmp_path, monkeypatch):
+    """Each run of a run batch records the whole batch's wall-clock time in ``duration_s`` (the H200's
+    MOON-DPAP pair: 234.6 s each, 117 s of GPU time per run): the hours the README and the rerun page
+    report share it out, so two runs trained together count the batch's time once, not twice."""
+    from fedlib.results import run_seconds
+    from fedlib.run import run_many
+
+    assert run_seconds({"duration_s": 114.0, "run_batch": ["a", "b"]}) == 57.0
+    assert run_seconds({"duration_s": 66.0}) == 66.0 and run_seconds({}) == 0.0
+    monkeypatch.setattr("studies.page_study", lambda page: "fdl")
+    a, b = run_many(PAGES["page_a"], engine="vectorized", root=tmp_path, progress=False, device="cpu")
+    assert a.meta["run_batch"] == b.meta["run_batch"] == [a.config.key(), b.config.key()]
+    both = a.meta["duration_s"] + b.meta["duration_s"]  # each about the batch's time (saved in turn)
+    [row] = campaign.trained_summary("smoke", tmp_path)
+    assert row["trained"] == 2 and row["hours"] == pytest.approx(both / 2 / 3600)
+
+
 def test_a_niced_campaign_makes_its_session_yield(tmp_path, monkeypatch):
     """nice alone ranks processes within one session; the campaign writes its niceness to its
     autogroup so that the background run yields to the foreground work (issue 39)."""
