@@ -79,7 +79,7 @@ import torch.nn.functional as F
 from fedlib.config import Config
 from fedlib.engine import Executor, cpu_workers, default_path, worker_start_method
 from fedlib.experiment import Experiment, RunBatch, evaluate
-from fedlib.kernels import device_options, prepare_host_memory, set_kernel_options
+from fedlib.kernels import device_options, kernel_settings, prepare_host_memory, set_kernel_options
 from fedlib.models import build_model
 from fedlib.results import REPO_ROOT, atomic_write_bytes, provenance
 from fedlib.run import pick_device
@@ -502,7 +502,7 @@ def benchmark(config: Config, device: torch.device, rounds: int = 3,
               scale: bool | None = None) -> dict:
     cpu = device.type == "cpu"
     paths = paths or (("sequential", "parallel", "vectorized") if cpu else ("sequential", "vectorized"))
-    out: dict = {"device": str(device) if cpu else f"{device} ({torch.cuda.get_device_name(device)})",
+    out: dict = {"device": device_label(device),
                  "model": config.model, "dataset": config.dataset, "clients": config.clients,
                  "samples": config.n_train, "batch_size": config.batch_size,
                  "threads": torch.get_num_threads()}
@@ -547,6 +547,52 @@ def benchmark(config: Config, device: torch.device, rounds: int = 3,
         out.update(scale_figures(config, device, rounds))
     out["peak_mem_mb"] = peak_memory_mb(device)
     return out
+
+
+#: The speed options ``--options-sweep`` compares with the defaults (issue 38, step 1): convolutions
+#: as one batched matmul over the lanes, TF32 in float32 matmuls, cuDNN autotuning, the two best
+#: together, and the eager step (what CUDA graphs save). The CUDA-only ones are left out on a CPU.
+SWEEP_VARIANTS: dict[str, dict[str, bool | str]] = {
+    "default": {},
+    "lane_conv=im2col": {"lane_conv": "im2col"},
+    "matmul_tf32": {"matmul_tf32": True},
+    "cudnn_autotune": {"cudnn_autotune": True},
+    "lane_conv=im2col+matmul_tf32": {"lane_conv": "im2col", "matmul_tf32": True},
+    "no cuda_graphs": {"cuda_graphs": False},
+}
+_CUDA_ONLY = {"matmul_tf32", "cudnn_autotune", "cuda_graphs"}
+
+
+def options_sweep(config: Config, device: torch.device, rounds: int = 2, repeats: int = 2,
+                  runs: int = 1) -> dict:
+    """Seconds per run-round of the default path under each of :data:`SWEEP_VARIANTS` (a run batch
+    of ``runs`` seeds), each variant timed ``repeats`` times in turn, interleaved so that a drift of
+    the machine's speed falls on all of them alike; the median per variant, its ratio to the
+    default's, and the fastest. The settings in force before are restored after each variant."""
+    cuda = device.type == "cuda"
+    variants = {name: v for name, v in SWEEP_VARIANTS.items() if cuda or not (v.keys() & _CUDA_ONLY)}
+    now = kernel_settings()
+    restore = {"lane_conv": now["lane_conv"], **({"matmul_tf32": now["matmul_tf32"],
+               "cudnn_autotune": now["cudnn_benchmark"], "cuda_graphs": now["cuda_graphs"]} if cuda else {})}
+    path = default_path(device)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, changes in variants.items():
+            set_kernel_options(**changes)
+            try:
+                times[name].append(1.0 / time_run_batch(config, device, path, runs, rounds))
+            finally:
+                set_kernel_options(**restore)
+    median = {name: statistics.median(ts) for name, ts in times.items()}
+    return {"path": path, "runs": runs, "samples": config.n_train, "clients": config.clients,
+            "s_per_run_round": median,
+            "vs_default": {name: t / median["default"] for name, t in median.items()},
+            "fastest": min(median, key=median.get)}
+
+
+def device_label(device: torch.device) -> str:
+    """The device as results name it: ``cpu``, or ``cuda:0 (NVIDIA H200)``."""
+    return str(device) if device.type == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})"
 
 
 def device_slug(device: torch.device) -> str:
@@ -639,6 +685,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--record-cost", action="store_true",
                    help="time only MOON-DPAP's round without DP, with record-level DP-SGD and with ghost "
                         "clipping on the default path (record_dp_cost, ghost_dp_cost), nothing else")
+    p.add_argument("--options-sweep", action="store_true",
+                   help="only compare the speed options with the defaults (SWEEP_VARIANTS), interleaved; "
+                        "--batch-runs' first size is the run batch; with --save, under data/bench/options/")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     p.add_argument("--save", action="store_true", help="write the result with provenance under data/bench/")
     args = p.parse_args(argv)
@@ -659,7 +708,12 @@ def main(argv: list[str] | None = None) -> int:
             options[option] = getattr(args, option)
     kernels = set_kernel_options(**options)
     paths = tuple(args.paths) if args.paths else None
-    if args.record_cost:
+    if args.options_sweep and args.record_cost:
+        p.error("--options-sweep and --record-cost each time a part of the benchmark: choose one")
+    if args.options_sweep:
+        res = {"device": device_label(device),
+               "options_sweep": options_sweep(config, device, args.rounds, runs=args.batch_runs[0])}
+    elif args.record_cost:
         path = default_path(device)
         res = {"device": str(device), "samples": config.n_train, "clients": config.clients, "path": path,
                **record_costs(config, device, path, args.rounds)}
@@ -669,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
         res["kernels"] = kernels
     elif device_options():
         res["kernels"] = device_options()
-    if args.sweep and not args.record_cost:
+    if args.sweep and not (args.record_cost or args.options_sweep):
         sweep_paths = paths or (("sequential", "parallel", "vectorized") if device.type == "cpu"
                                 else ("sequential", "vectorized"))
         res["clients_sweep"] = clients_sweep(config, device, args.sweep, sweep_paths, rounds=1)
@@ -677,7 +731,9 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in res.items():
         print(f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
     if args.save:
-        print(f"saved {save(res, device, variant=variant_name(options))}")
+        sweep = "options-sweep" if args.options_sweep else ""
+        variant = "-".join(filter(None, [variant_name(options), sweep]))
+        print(f"saved {save(res, device, variant=variant)}")
     if args.json:
         print(json.dumps(res))
     return 0

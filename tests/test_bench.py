@@ -261,3 +261,31 @@ def test_the_peak_is_the_highest_of_the_rates_measured_in_the_run(monkeypatch):
         assert res["matmul_peak_gflops"] == peak
         assert sorted(res["matmul_peak_gflops_measured"]) == sorted([earlier / 1e9, 100])
         assert res["default_percent_of_peak"] == pytest.approx(100 * res["default_gflops"] / peak)
+
+
+def test_the_options_sweep_times_each_variant_and_restores_the_settings(capsys, tmp_path, monkeypatch,
+                                                                       restore_kernels):
+    """``--options-sweep`` (issue 38, step 1 on a lent GPU) times the default path under each speed
+    option the device has (on a CPU: the im2col convolutions only), interleaved, names the fastest,
+    leaves the settings as they were, and saves under ``options/`` apart from the campaign's files."""
+    before = kernel_settings()
+    seen = []
+    real = bench.time_run_batch
+    monkeypatch.setattr(bench, "time_run_batch", lambda *a, **k: seen.append(kernel_settings()["lane_conv"])
+                        or real(*a, **k))
+    monkeypatch.setenv("FEDLIB_BENCH_DIR", str(tmp_path))
+    with pytest.raises(SystemExit):
+        bench.main(["--options-sweep", "--record-cost"])
+    assert bench.main(["--options-sweep", "--samples", "160", "--clients", "2", "--rounds", "1",
+                       "--batch-runs", "2", "--json", "--save"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["options_sweep"]
+    assert set(res["s_per_run_round"]) == {"default", "lane_conv=im2col"} and res["runs"] == 2
+    assert res["vs_default"]["default"] == 1.0 and res["fastest"] in res["s_per_run_round"]
+    assert seen == ["grouped", "im2col"] * 2  # interleaved, two repeats
+    assert kernel_settings() == before
+    [saved] = (tmp_path / "options").glob("cpu-*-options-sweep.json")
+    assert not list(tmp_path.glob("*.json"))  # the campaign's estimates never read it
+    set_kernel_options(lane_conv="im2col")  # a sweep restores what was set, not the defaults
+    bench.options_sweep(Config(train_samples=160, clients=2, test_samples=100, rounds=2).validate(),
+                        torch.device("cpu"), rounds=1, repeats=1)
+    assert kernel_settings()["lane_conv"] == "im2col"
