@@ -323,6 +323,33 @@ def plan(profile: str, root: Path | None = None, kind: str | None = None,
     return rows
 
 
+def measured_against_estimate(profile: str, kind: str, root: Path | None = None) -> dict[str, dict]:
+    """How the estimates compare with what trained: per algorithm, the results present at
+    ``profile`` that trained on ``kind`` (from their provenance), the minutes they record (a run
+    batch's time shared among its runs, :func:`run_seconds`) and the minutes :func:`estimate_s` gives
+    them on ``kind``'s latest benchmark. Measured on 2026-11-27: on the H200 FedAvg's and MOON-DPAP's
+    paper runs took 0.63-0.68 of their estimate (batched in pairs), FDL's 2.2 times it; on the 2-core
+    CPU MOON-DPAP took 1.24 times it, FDL 1.7 times and DP-FL's 1,000-client federations 6.3 times
+    (the benchmark's round has 20 clients: per-client work that small is overhead)."""
+    per_sample, _ = bench_seconds_per_sample(kind)
+    rc, gc = record_dp_cost(kind), record_dp_cost(kind, ghost=True)
+    seen: dict[str, Config] = {c.key(): c for cs in needed(profile).values() for c in cs}
+    out: dict[str, dict] = {}
+    for c in seen.values():
+        if result_status(c, root) != "present":
+            continue
+        meta = Result.load(result_path(c, root), expect=c).meta
+        if str(meta.get("device", "")).startswith("cuda") != (kind == "cuda"):
+            continue
+        row = out.setdefault(c.algorithm, {"runs": 0, "measured_min": 0.0, "estimate_min": 0.0})
+        row["runs"] += 1
+        row["measured_min"] += run_seconds(meta) / 60
+        row["estimate_min"] += estimate_s(c, per_sample, rc, gc) / 60
+    for row in out.values():
+        row["ratio"] = row["measured_min"] / row["estimate_min"] if row["estimate_min"] else math.nan
+    return dict(sorted(out.items()))
+
+
 def total_minutes(per_page: dict[str, list[Config]], kind: str, root: Path | None = None,
                   only_missing: bool = False) -> tuple[float, int]:
     """Estimated minutes to train every distinct configuration of ``per_page`` (:func:`needed`; or
@@ -730,6 +757,11 @@ def _print_plan(args) -> None:
             at_rate = (f"; {pflop * 1e15 / rate / 60:,.0f} min at the benchmark's {rate / 1e9:,.1f} GFLOP/s "
                        "(a FedAvg CNN round)" if rate else "")
             print(f"FLOP for {what}: {pflop:,.1f} PFLOP{at_rate}")
+        measured = measured_against_estimate(args.profile, kind)
+        if measured:
+            rows = "; ".join(f"{a} {r['runs']} runs, {r['measured_min']:,.1f} min against "
+                             f"{r['estimate_min']:,.1f} ({r['ratio']:.2f}x)" for a, r in measured.items())
+            print(f"measured against the estimate (results at {args.profile} trained on a {kind}): {rows}")
 
 
 def yield_to_foreground(autogroup: Path = Path("/proc/self/autogroup")) -> int | None:

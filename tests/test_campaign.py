@@ -524,3 +524,21 @@ def test_campaign_run_passes_carry_over(monkeypatch):
     for flag in ([], ["--carry-over"]):
         assert campaign.main(["run", "--profile", "smoke", "--budget-min", "1", *flag]) == 0
     assert seen == [False, True]
+
+
+def test_measured_against_estimate_compares_the_device_s_results_with_their_estimates(pages, tmp_path,
+                                                                                     monkeypatch):
+    """``campaign plan`` shows how the estimates it plans with compare with the results trained on
+    the same kind of device (their recorded minutes, a run batch's time shared out)."""
+    from fedlib.run import run
+
+    monkeypatch.setattr(campaign, "bench_seconds_per_sample", lambda kind: (1e-4, "a benchmark"))
+    assert campaign.measured_against_estimate("smoke", "cpu", tmp_path) == {}
+    r = run(TINY, root=tmp_path, progress=False, device="cpu")
+    got = campaign.measured_against_estimate("smoke", "cpu", tmp_path)
+    est = campaign.estimate_s(TINY, 1e-4, campaign.record_dp_cost("cpu"),
+                              campaign.record_dp_cost("cpu", ghost=True)) / 60
+    assert got == {"fedavg": {"runs": 1, "measured_min": pytest.approx(r.meta["duration_s"] / 60),
+                              "estimate_min": pytest.approx(est),
+                              "ratio": pytest.approx(r.meta["duration_s"] / 60 / est)}}
+    assert campaign.measured_against_estimate("smoke", "cuda", tmp_path) == {}  # trained on a CPU
