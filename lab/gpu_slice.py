@@ -95,7 +95,10 @@ def _step(cmd: list[str], log: Path, timeout_s: float) -> dict:
     it is interrupted with SIGINT, given :data:`STOP_GRACE_S` to report, then killed)."""
     t0 = time.time()
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+        # SIGINT back to its default in the child: a job started in the background (nohup ... &)
+        # inherits SIGINT ignored, and Python then never raises KeyboardInterrupt for it
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             rc = proc.wait(timeout=max(1.0, timeout_s))
         except subprocess.TimeoutExpired:
