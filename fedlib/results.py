@@ -142,7 +142,9 @@ def provenance(device: torch.device, engine: str) -> dict[str, Any]:
 
 def run_seconds(meta: dict[str, Any]) -> float:
     """Seconds of training one result accounts for: its ``meta.duration_s`` shared out among the runs
-    of its run batch (each run of a batch records the whole batch's wall-clock time)."""
+    of its run batch (each run of a batch records the whole batch's wall-clock time). A batch resumed
+    from checkpoints adds the earlier rounds as each run's own share, so for it this undercounts
+    those rounds by the batch size (the campaign resumes batches of one run on machines it keeps)."""
     return float(meta.get("duration_s") or 0.0) / max(1, len(meta.get("run_batch") or ()))
 
 

@@ -715,8 +715,8 @@ def main(argv: list[str] | None = None) -> int:
                "options_sweep": options_sweep(config, device, args.rounds, runs=args.batch_runs[0])}
     elif args.record_cost:
         path = default_path(device)
-        res = {"device": str(device), "samples": config.n_train, "clients": config.clients, "path": path,
-               **record_costs(config, device, path, args.rounds)}
+        res = {"device": device_label(device), "samples": config.n_train, "clients": config.clients,
+               "path": path, **record_costs(config, device, path, args.rounds)}
     else:
         res = benchmark(config, device, args.rounds, paths, tuple(args.batch_runs), args.scale)
     if device.type == "cuda":

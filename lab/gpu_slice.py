@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from fedlib.kernels import set_kernel_options
@@ -121,9 +122,7 @@ def pytest_outcomes(log_text: str) -> dict:
         test, outcome = _TEST_ID.search(line), _OUTCOME.search(line)
         if test and outcome:
             last[test.group(1)] = outcome.group(1)
-    counts: dict[str, int] = {}
-    for outcome in last.values():
-        counts[outcome.lower()] = counts.get(outcome.lower(), 0) + 1
+    counts = Counter(outcome.lower() for outcome in last.values())
     bad = sorted(t for t, o in last.items() if o in ("FAILED", "ERROR"))
     return {"outcomes": dict(sorted(counts.items())), "failed": bad}
 
