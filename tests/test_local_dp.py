@@ -642,3 +642,32 @@ def test_committed_local_dp_results_reproduce_on_a_cpu(tmp_path, name, rounds):
                 root=tmp_path / "other", progress=False)
     acc_o, loss_o = gaps(other.history, committed.history)
     assert acc_o > 3 / n_test or loss_o > 1e-4
+
+
+def test_gumbel_top_k_mask_is_the_sorted_draws_prefix():
+    """The selection finds the same set as the sort (FDL's filter: ``-inf`` items; ragged counts,
+    0 included), consuming the same draws from the generator."""
+    logw = torch.randn(5, 400, generator=torch.Generator().manual_seed(0)).double()
+    logw[:, ::3] = -math.inf
+    counts = torch.tensor([0, 1, 100, 266, 37])  # 266 = the finite items of a row
+    for seed in range(4):
+        g1, g2 = generator_for(seed, 1), generator_for(seed, 1)
+        want = local.mask_of(local.gumbel_top_k(logw, int(counts.max()), g1), 400, counts)
+        got = local.gumbel_top_k_mask(logw, counts, g2)
+        assert torch.equal(got, want) and got.sum(1).tolist() == counts.tolist()
+        assert torch.equal(torch.rand(3, generator=g1), torch.rand(3, generator=g2))
+
+
+def test_gumbel_top_k_mask_falls_back_to_the_sort_on_a_tie(monkeypatch):
+    """Tied scores at a row's threshold (forced: zero Gumbel noise and equal weights) give the
+    sort's choice, not a mask with more items than asked for; bad counts are refused."""
+    zeros = lambda shape, g, device=None: torch.zeros(shape, dtype=torch.float64)  # noqa: E731
+    monkeypatch.setattr(local, "gumbel", zeros)
+    logw = torch.tensor([[0.0, 1.0, 1.0, 1.0, 2.0], [3.0, 2.0, 1.0, 0.0, -1.0]])
+    counts = torch.tensor([2, 3])
+    got = local.gumbel_top_k_mask(logw, counts, generator_for(0))
+    want = local.mask_of(torch.topk(logw.double(), 3, dim=-1).indices, 5, counts)
+    assert torch.equal(got, want) and got.sum(1).tolist() == [2, 3]
+    for bad in ([2], [2, 6], [-1, 1]):
+        with pytest.raises(ValueError, match="counts"):
+            local.gumbel_top_k_mask(logw, torch.tensor(bad), generator_for(0))

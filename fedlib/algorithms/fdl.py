@@ -34,7 +34,7 @@ from fedlib.privacy.local import (
     exponential_top_k,
     fdl_corrected_epsilon,
     fdl_published_epsilon,
-    gumbel_top_k,
+    gumbel_top_k_mask,
     laplace_values,
     mask_of,
 )
@@ -88,8 +88,7 @@ class Fdl(SparseUpload):
         th = torch.floor(c.fdl_th * n_kept.double()).long()
         logw = exponential_mechanism_log_weights(1.0 + v.abs(), c.fdl_epsilon_per_draw)
         logw = torch.where(kept, logw, torch.full_like(logw, -math.inf))
-        idx = gumbel_top_k(logw, int(th.max()), g)
-        mask = mask_of(idx, v.shape[1], th)
+        mask = gumbel_top_k_mask(logw, th, g)
         values = laplace_values(v, mask, 2.0 / c.fdl_epsilon_per_draw, g)
         note(Release("fdl_as_published", epsilon=math.inf))  # data-dependent filter: no finite bound
         th_mean = float(th.double().mean())

@@ -65,6 +65,37 @@ def gumbel_top_k(log_weights: torch.Tensor, k: int, generator: torch.Generator) 
     return torch.topk(log_weights.double() + noise, k, dim=-1).indices
 
 
+def gumbel_top_k_mask(log_weights: torch.Tensor, counts: torch.Tensor,
+                      generator: torch.Generator) -> torch.Tensor:
+    """Boolean ``(m, d)`` mask of the first ``counts[i]`` draws of row ``i`` of
+    :func:`gumbel_top_k`: ``mask_of(gumbel_top_k(log_weights, counts.max(), g), d, counts)``
+    with the same Gumbel draws, found by a selection per row (``kthvalue``, linear time) instead
+    of a sort of the ``counts.max()`` largest scores. FDL as published draws ~80 % of the CNN's
+    1.7 M dimensions per client; there the sort took 0.13 s a client and the selection 0.014 s
+    (this CPU, one thread). A row whose threshold is tied (the threshold score occurs more than
+    once among its ``counts[i]`` largest, probability ~1e-16 a pair for 53-bit Gumbels, or
+    ``counts[i]`` reaching the ``-inf`` items) makes the whole call fall back to the sort, so the
+    mask is always the one the sort gives."""
+    m, d = log_weights.shape
+    counts = torch.as_tensor(counts, device=log_weights.device).reshape(-1)
+    if counts.shape[0] != m or (m and not (int(counts.min()) >= 0 and int(counts.max()) <= d)):
+        raise ValueError(f"counts must hold {m} values in [0, {d}], got {counts.tolist()}")
+    noise = gumbel((m, d), generator, log_weights.device)
+    note_draw("gumbel", noise)
+    scores = log_weights.double() + noise
+    mask = torch.zeros(m, d, dtype=torch.bool, device=log_weights.device)
+    for i, c in enumerate(counts.tolist()):
+        if c == 0:
+            continue
+        threshold = torch.kthvalue(scores[i], d - c + 1).values
+        row = scores[i] >= threshold
+        if not torch.isfinite(threshold) or int(row.sum()) != c:
+            k = int(counts.max())
+            return mask_of(torch.topk(scores, k, dim=-1).indices, d, counts)
+        mask[i] = row
+    return mask
+
+
 def exponential_mechanism_log_weights(utility: torch.Tensor, epsilon: float,
                                       sensitivity: float = 1.0) -> torch.Tensor:
     """``epsilon u / (2 Delta_u)``: the log-weights of the exponential mechanism, whose draw is
