@@ -29,16 +29,21 @@ import torch
 #: CUDA graphs are on by default on CUDA (issue 37): a capture that fails falls back to the eager
 #: step (:func:`note_capture_failure`), which the results record.
 _OPTIONS: dict[str, bool | str] = {"cuda_graphs": True, "lane_conv": "grouped", "step_noise": "generator",
-                                   "noise_ahead": "auto",
+                                   "noise_ahead": "auto", "noise_pool": "processes",
                                    "host_memory": os.environ.get("FEDLIB_HOST_MEMORY", "system")}
 #: How :class:`fedlib.models.LaneConv2d` computes (see the module's docstring).
 LANE_CONVS = ("grouped", "im2col")
 #: How record-level DP-SGD's step noise is drawn (see the module's docstring).
 STEP_NOISES = ("generator", "counter")
-#: When the server's exact discrete Gaussian is drawn ahead, in worker threads while the clients
+#: When the server's exact discrete Gaussian is drawn ahead, by noise workers while the clients
 #: train (:func:`fedlib.privacy.central.prefetch_noisy_sum`; the same values either way, so results
 #: do not record it): ``auto``, on CUDA only (a CPU's cores are busy training); ``on``; ``off``.
 NOISE_AHEAD = ("auto", "on", "off")
+#: What draws the server noise ahead: worker ``processes`` (the default) or ``threads``. NumPy's
+#: rejection loops run many small array operations, each of which takes the GIL, so threads scale
+#: poorly (8 threads on the H200 machine's 16 cores drew 2.4x as fast as one) and slow the training
+#: thread's kernel launches; processes draw in parallel. The same values either way.
+NOISE_POOLS = ("processes", "threads")
 #: Whether CPU training keeps freed host memory for reuse (:mod:`fedlib.host_memory`); the same
 #: numbers either way. Its default can be set with the environment variable ``FEDLIB_HOST_MEMORY``.
 HOST_MEMORY = ("reuse", "system")
@@ -91,13 +96,14 @@ def kernel_settings() -> dict[str, bool | str]:
             "cuda_graphs": bool(_OPTIONS["cuda_graphs"]),
             "cuda_graphs_fell_back": capture_failure() is not None,
             "lane_conv": str(_OPTIONS["lane_conv"]),
-            "step_noise": str(_OPTIONS["step_noise"]), "noise_ahead": str(_OPTIONS["noise_ahead"])}
+            "step_noise": str(_OPTIONS["step_noise"]), "noise_ahead": str(_OPTIONS["noise_ahead"]),
+            "noise_pool": str(_OPTIONS["noise_pool"])}
 
 
 def set_kernel_options(*, matmul_tf32: bool | None = None, cudnn_autotune: bool | None = None,
                        cudnn_tf32: bool | None = None, cuda_graphs: bool | None = None,
                        lane_conv: str | None = None, step_noise: str | None = None,
-                       noise_ahead: str | None = None,
+                       noise_ahead: str | None = None, noise_pool: str | None = None,
                        host_memory: str | None = None) -> dict[str, bool | str]:
     """Turn the speed options of :func:`kernel_settings` on or off (None: leave as is) and return
     the settings now in force. Autotuning keeps cuDNN's deterministic flag: it picks the fastest
@@ -107,7 +113,8 @@ def set_kernel_options(*, matmul_tf32: bool | None = None, cudnn_autotune: bool 
     forgets an earlier capture failure). The defaults are what measures fastest on a GPU
     (``python -m lab.bench --matmul-tf32 --cudnn-autotune --cuda-graphs``) and stays correct."""
     choices = {"lane_conv": (lane_conv, LANE_CONVS), "host_memory": (host_memory, HOST_MEMORY),
-               "noise_ahead": (noise_ahead, NOISE_AHEAD), "step_noise": (step_noise, STEP_NOISES)}
+               "noise_ahead": (noise_ahead, NOISE_AHEAD), "noise_pool": (noise_pool, NOISE_POOLS),
+               "step_noise": (step_noise, STEP_NOISES)}
     for name, (value, allowed) in choices.items():  # all checked before any is set
         if value is not None and value not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
@@ -154,6 +161,11 @@ def prepare_host_memory(device: torch.device) -> str:
     if device.type == "cpu" and _OPTIONS["host_memory"] == "reuse":
         host_memory.keep_freed_memory()
     return host_memory.state()
+
+
+def noise_pool() -> str:
+    """What draws the server noise ahead now: ``processes`` (the default) or ``threads``."""
+    return str(_OPTIONS["noise_pool"])
 
 
 def noise_ahead(device: torch.device) -> bool:

@@ -30,7 +30,7 @@ Measures, in one process and on one setting (dataset, model, clients, samples, b
 * round times of MOON, SCAFFOLD and MOON-DPAP with every component and client-level DP on
   (``moon_dpap_dp_s``; ``moon_dpap_dp_vs_fedavg`` is its ratio to a FedAvg round);
 * ``server_noise``: the host's seconds per round of MOON-DPAP's exact discrete Gaussian, on one
-  thread and drawn ahead by the worker threads (:func:`server_noise`);
+  thread and drawn ahead by the worker processes and, for comparison, threads (:func:`server_noise`);
 * ``floor_bf16_s``, ``default_bf16_s``: the same with ``precision="bfloat16"`` (forward
   pass under autocast; different numbers, so an option, not the default), and
   ``default_bf16_vs_floor = default_bf16_s / floor_s``;
@@ -70,7 +70,6 @@ import statistics
 import sys
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -285,9 +284,11 @@ def server_noise(config: Config, per_worker: int = 2) -> dict:
     """The host's cost of MOON-DPAP's central noise (:mod:`fedlib.privacy.central`: an exact
     discrete Gaussian on every coordinate of the model, round 0's sigma of ``moon_dpap_dp``):
     ``one_s``, one round's noise drawn on one thread (what a round waits for when nothing is drawn
-    ahead), and ``ahead_s``, the time per round when ``per_worker`` rounds per worker thread are
-    drawn at once by :func:`~fedlib.privacy.central.noise_workers` threads, as the draws ahead are
-    (the least a run's round can take on a GPU, whatever its training)."""
+    ahead); ``ahead_s``, the time per round when ``per_worker`` rounds per worker are drawn at once
+    by :func:`~fedlib.privacy.central.noise_workers` worker processes, as the draws ahead are by
+    default (the least a run's round can take on a GPU, whatever its training; the pool started
+    and warmed up first, as a run's is after its first rounds); ``ahead_threads_s``, the same with
+    worker threads (``noise_pool="threads"``)."""
     import numpy as np
 
     from fedlib.privacy import central
@@ -299,20 +300,26 @@ def server_noise(config: Config, per_worker: int = 2) -> dict:
     sigma = central._discrete_sigma(exp.config.dp_clip, exp.algo.hyper(0)["noise_multiplier"],
                                      Relation.REPLACE_ONE, coordinates)
 
-    def one_round(i: int) -> None:  # what a draw ahead runs (prefetch_noisy_sum)
+    def one_round(i: int) -> None:
         central._draw_all(sizes, sigma, np.random.default_rng(i))
 
     one_round(0)  # warm-up
     t0 = time.perf_counter()
     one_round(1)
     one = time.perf_counter() - t0
-    workers = central.noise_workers()
-    rounds = per_worker * workers
-    with ThreadPoolExecutor(workers) as pool:
+    out: dict = {"coordinates": coordinates, "one_s": one}
+    for kind, name in (("processes", "ahead_s"), ("threads", "ahead_threads_s")):
+        workers = central.noise_workers(kind)
+        pool = central.noise_pool(kind)
+        for f in [pool.submit(central.draw_keyed, sizes, sigma, (i,)) for i in range(workers)]:
+            f.result()  # every worker started and warm
+        rounds = per_worker * workers
         t0 = time.perf_counter()
-        list(pool.map(one_round, range(2, 2 + rounds)))
-        ahead = (time.perf_counter() - t0) / rounds
-    return {"coordinates": coordinates, "one_s": one, "workers": workers, "ahead_s": ahead}
+        for f in [pool.submit(central.draw_keyed, sizes, sigma, (i,)) for i in range(2, 2 + rounds)]:
+            f.result()
+        out[name] = (time.perf_counter() - t0) / rounds
+        out["workers" if kind == "processes" else "thread_workers"] = workers
+    return out
 
 
 def client_state_mb(config: Config, clients: int) -> float:
@@ -676,9 +683,12 @@ def main(argv: list[str] | None = None) -> int:
                         "torch.Generator per client and step and the default, or counter, Philox for "
                         "every lane in one draw); any device")
     p.add_argument("--noise-ahead", choices=["auto", "on", "off"], default=None,
-                   help="draw the server's exact discrete Gaussian ahead, in worker threads while the "
+                   help="draw the server's exact discrete Gaussian ahead, by noise workers while the "
                         "clients train (fedlib.kernels; auto, the default: on CUDA only; the same values "
                         "either way)")
+    p.add_argument("--noise-pool", choices=["processes", "threads"], default=None,
+                   help="what draws the server noise ahead (fedlib.kernels: processes, the default, "
+                        "or threads; the same values either way)")
     p.add_argument("--host-memory", choices=["reuse", "system"], default=None,
                    help="leave glibc's own behaviour (system, the default) or keep freed host memory for "
                         "the next step (reuse); fedlib.host_memory, the same numbers either way")
@@ -703,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
     if options and device.type != "cuda":
         p.error(f"{', '.join('--' + k.replace('_', '-') for k in options)}: CUDA kernel options, "
                 f"but this benchmark runs on {device}")
-    for option in ("lane_conv", "step_noise", "noise_ahead", "host_memory"):
+    for option in ("lane_conv", "step_noise", "noise_ahead", "noise_pool", "host_memory"):
         if getattr(args, option) is not None:
             options[option] = getattr(args, option)
     kernels = set_kernel_options(**options)

@@ -27,7 +27,7 @@ def restore_kernels():
     set_kernel_options(matmul_tf32=before["matmul_tf32"], cudnn_tf32=before["cudnn_tf32"],
                        cudnn_autotune=before["cudnn_benchmark"], cuda_graphs=before["cuda_graphs"],
                        lane_conv=before["lane_conv"], step_noise=before["step_noise"],
-                       noise_ahead=before["noise_ahead"])
+                       noise_ahead=before["noise_ahead"], noise_pool=before["noise_pool"])
 
 
 @pytest.fixture(autouse=True)

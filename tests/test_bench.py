@@ -47,14 +47,15 @@ def test_bench_json_line_has_every_key(capsys):
 
 def test_server_noise_times_one_rounds_discrete_gaussian_over_the_whole_model():
     """The host's central-noise cost covers every coordinate of MOON-DPAP's model, on one thread and
-    per round through the worker threads that draw ahead (times positive, not judged)."""
+    per round through the worker processes and threads that draw ahead (times positive, not judged)."""
     from fedlib.privacy.central import noise_workers
 
     cfg = Config(model="mlp", clients=2, train_samples=100, test_samples=50)
     exp = Experiment(cfg.replace(algorithm="moon_dpap"), torch.device("cpu"))
     out = bench.server_noise(cfg, per_worker=1)
     assert out["coordinates"] == sum(v.numel() for v in exp.gparams.values())
-    assert out["workers"] == noise_workers() and out["one_s"] > 0 and out["ahead_s"] > 0
+    assert out["workers"] == noise_workers("processes") and out["thread_workers"] == noise_workers("threads")
+    assert out["one_s"] > 0 and out["ahead_s"] > 0 and out["ahead_threads_s"] > 0
 
 
 def test_record_cost_times_only_the_three_moon_dpap_rounds(capsys):
@@ -147,7 +148,7 @@ def test_kernel_options_change_the_settings_a_result_records(restore_kernels):
     before = kernel_settings()
     assert set(before) == {"cudnn_deterministic", "cudnn_benchmark", "cudnn_tf32", "matmul_tf32",
                            "cuda_graphs", "cuda_graphs_fell_back", "lane_conv", "step_noise",
-                           "noise_ahead"}
+                           "noise_ahead", "noise_pool"}
     now = set_kernel_options(matmul_tf32=not before["matmul_tf32"], cudnn_autotune=True)
     assert now == kernel_settings()
     assert now["matmul_tf32"] is (not before["matmul_tf32"]) and now["cudnn_benchmark"] is True

@@ -460,14 +460,19 @@ def test_gaussian_calibration_refuses_a_budget_outside_its_domain(epsilon, delta
         gaussian_sigma(epsilon, delta)
 
 
-def test_noise_drawn_ahead_is_the_noise_noisy_sum_draws():
-    """The server's discrete Gaussian drawn ahead in a worker thread (prefetch_noisy_sum) is the
-    same stream and calls: noisy_sum then adds exactly the values it would draw itself, takes them
-    only where key, sizes and sigma all match (another sigma: drawn as usual, same result as without
-    any prefetch), and notes the same key and draws for the audits."""
+@pytest.mark.parametrize("pool", ["processes", "threads"])
+def test_noise_drawn_ahead_is_the_noise_noisy_sum_draws(pool, restore_kernels):
+    """The server's discrete Gaussian drawn ahead by a noise worker (prefetch_noisy_sum; a worker
+    process, the default, or a thread) is the same stream and calls: noisy_sum then adds exactly
+    the values it would draw itself, takes them only where key, sizes and sigma all match (another
+    sigma: drawn as usual, same result as without any prefetch), and notes the same key and draws
+    for the audits."""
+    from fedlib.kernels import set_kernel_options
     from fedlib.privacy import central
     from fedlib.privacy.guarantee import Relation
     from fedlib.privacy.record import drawing
+
+    set_kernel_options(noise_pool=pool)
 
     torch.manual_seed(0)
     clipped = {"a": torch.randn(3, 40, 5) * 1e-3, "b": torch.randn(3, 7) * 1e-3}
@@ -543,8 +548,14 @@ def test_a_moon_dpap_run_drawing_its_server_noise_ahead_is_the_same_run(tmp_path
     set_kernel_options(noise_ahead="off")
     off = run(cfg, engine="sequential", root=tmp_path / "off", progress=False, device="cpu")
     hits = []
-    real = central._draw_all
-    monkeypatch.setattr(central, "_draw_all", lambda *a: hits.append(1) or real(*a))
+    real = central.noise_pool
+
+    class Counting:  # the pool, counting what is submitted to it
+        def submit(self, *a):
+            hits.append(1)
+            return real().submit(*a)
+
+    monkeypatch.setattr(central, "noise_pool", lambda: Counting())
     set_kernel_options(noise_ahead="on")
     on = run(cfg, engine="sequential", root=tmp_path / "on", progress=False, device="cpu")
     a, b = load_model(off, tmp_path / "off")[1], load_model(on, tmp_path / "on")[1]
@@ -552,3 +563,40 @@ def test_a_moon_dpap_run_drawing_its_server_noise_ahead_is_the_same_run(tmp_path
     assert len(hits) == cfg.rounds and not central._AHEAD  # drawn ahead once a round, all taken
     with pytest.raises(ValueError, match="noise_ahead"):
         set_kernel_options(noise_ahead="sometimes")
+    with pytest.raises(ValueError, match="noise_pool"):
+        set_kernel_options(noise_pool="fibers")
+
+
+@pytest.mark.parametrize("where", ["submit", "result"])
+def test_a_broken_noise_pool_warns_once_and_the_noise_is_drawn_where_needed(where, monkeypatch):
+    """A noise worker that dies (BrokenProcessPool, when work is handed over or when its result is
+    taken) must not lose or change noise: noisy_sum draws the same values itself, one warning says
+    so, and nothing more is drawn ahead in this process."""
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    from fedlib.privacy import central
+    from fedlib.privacy.guarantee import Relation
+
+    class Broken:
+        def submit(self, *a):
+            if where == "submit":
+                raise BrokenProcessPool("a worker was killed")
+            f = Future()
+            f.set_exception(BrokenProcessPool("a worker was killed"))
+            return f
+
+    torch.manual_seed(1)
+    clipped = {"w": torch.randn(2, 30) * 1e-3}
+    like = {"w": clipped["w"][0]}
+    seed = (5, 6, 7)
+    central._AHEAD.clear()
+    plain = central.noisy_sum(clipped, 0.5, 2.0, Relation.REPLACE_ONE, seed)
+    monkeypatch.setattr(central, "noise_pool", lambda: Broken())
+    monkeypatch.setattr(central, "_BROKEN", [])
+    with pytest.warns(RuntimeWarning, match="could not be drawn ahead.*BrokenProcessPool"):
+        central.prefetch_noisy_sum(like, 0.5, 2.0, Relation.REPLACE_ONE, seed)
+        out = central.noisy_sum(clipped, 0.5, 2.0, Relation.REPLACE_ONE, seed)
+    assert torch.equal(out["w"], plain["w"]) and central._BROKEN and not central._AHEAD
+    central.prefetch_noisy_sum(like, 0.5, 2.0, Relation.REPLACE_ONE, (5, 6, 8))  # stopped: no warning
+    assert not central._AHEAD

@@ -26,24 +26,34 @@ to show Mironov's attack in the tests).
 The exact discrete Gaussian is drawn on the host (numpy), about 0.3 s for the CNN's 424k
 coordinates on one core: on a GPU that is longer than the round's training (0.1-0.15 s on an
 H200). The draws depend only on the key, the sizes and sigma, never on the data, so
-:func:`prefetch_noisy_sum` can start them in worker threads (:func:`noise_workers` of them) before
-they are needed, a run's next :data:`ROUNDS_AHEAD` rounds at once, and :func:`noisy_sum` takes them
-when it runs: the same generator and calls, the same values, drawn while the clients train. NumPy's
-generators and array loops release the GIL, so the threads draw in parallel (two threads on two
-cores: 1.9-2.1x one).
+:func:`prefetch_noisy_sum` can start them in worker processes (:func:`noise_workers` of them)
+before they are needed, a run's next :data:`ROUNDS_AHEAD` rounds at once, and :func:`noisy_sum`
+takes them when it runs: the same generator and calls, the same values, drawn while the clients
+train. Processes, not threads, by default (the ``noise_pool`` option of :mod:`fedlib.kernels`): the
+sampler's rejection loops are many small NumPy operations, each taking the GIL, so 8 threads on
+the H200 machine drew only 2.4x as fast as one and held up the training thread's launches. The
+processes start from a fork server that has imported this module (no CUDA in it, so forking is
+safe); like any worker process that is not forked, each imports the main script, so a script
+must keep its work under ``if __name__ == "__main__":`` (one that does not is told so by the
+worker, whose failure then breaks the pool). A pool that breaks (a worker killed) is dropped with
+one warning and the noise is drawn where it is needed, the same values.
 """
 
 from __future__ import annotations
 
 import math
+import multiprocessing as mp
 import os
+import signal
+import warnings
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from fedlib import kernels
 from fedlib.privacy.discrete import Grid, discrete_gaussian, grid_for, rng_for
 from fedlib.privacy.guarantee import Relation
 from fedlib.privacy.noise import gaussian_noise_like, generator_for
@@ -56,7 +66,7 @@ NORM_SLACK = 2.0**-20
 
 
 #: How many rounds of a run's server noise are drawn ahead (the round beginning and the next ones):
-#: enough for several worker threads to draw one run's noise at once.
+#: enough for several noise workers to draw one run's noise at once.
 ROUNDS_AHEAD = 8
 #: Noise of :func:`noisy_sum` being drawn ahead (:func:`prefetch_noisy_sum`), by what determines it;
 #: at most :data:`ROUNDS_AHEAD` rounds of each run of a run batch (the campaign batches up to a few
@@ -64,13 +74,55 @@ ROUNDS_AHEAD = 8
 #: noisy_sum if it still comes: the same values, only later).
 _AHEAD: OrderedDict[tuple, Future] = OrderedDict()
 _AHEAD_MAX = 256
-_WORKER: list[ThreadPoolExecutor] = []
+#: The worker pool of each kind (``noise_pool``), started at the first draw ahead.
+_POOLS: dict[str, Executor] = {}
+#: Why drawing ahead stopped in this process (a broken pool); empty while it works.
+_BROKEN: list[str] = []
 
 
-def noise_workers() -> int:
-    """Worker threads that draw noise ahead: the cores left beside the training thread and one for
-    the host's other work, from 1 to 8 (16 cores on the lent GPU machines: 8)."""
-    return max(1, min(8, (os.cpu_count() or 2) - 2))
+def noise_workers(kind: str | None = None) -> int:
+    """Workers that draw noise ahead: the cores left beside the training thread and one for the
+    host's other work, at least 1; threads at most 8 (they gain little beyond), processes at most
+    32 (16 cores on the lent GPU machines: 14 processes or 8 threads). ``kind``: ``processes`` or
+    ``threads``, by default the ``noise_pool`` option."""
+    kind = kind or kernels.noise_pool()
+    return max(1, min(8 if kind == "threads" else 32, (os.cpu_count() or 2) - 2))
+
+
+def _ignore_interrupts() -> None:
+    """A noise worker leaves Ctrl-C (SIGINT) to its parent, which stops the run and its pool."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def noise_pool(kind: str | None = None) -> Executor:
+    """The pool of ``kind`` (by default the ``noise_pool`` option) that draws noise ahead,
+    started on first use: :func:`noise_workers` threads, or as many processes forked from a fork
+    server that has imported this module (spawned where a fork server is not available)."""
+    kind = kind or kernels.noise_pool()
+    if kind not in _POOLS:
+        workers = noise_workers(kind)
+        if kind == "threads":
+            _POOLS[kind] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fedlib-noise")
+        else:
+            method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+            ctx = mp.get_context(method)
+            if method == "forkserver":
+                ctx.set_forkserver_preload([__name__])  # takes effect if the server is not yet running
+            _POOLS[kind] = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
+                                               initializer=_ignore_interrupts)
+    return _POOLS[kind]
+
+
+def _stop_drawing_ahead(why: BaseException) -> None:
+    """A pool broke: warn once, forget what it was drawing, draw where needed from now on."""
+    if not _BROKEN:
+        _BROKEN.append(f"{type(why).__name__}: {why}")
+        warnings.warn(f"the server noise could not be drawn ahead ({_BROKEN[0]}); it is drawn when "
+                      "needed instead (the same values, only later)", RuntimeWarning, stacklevel=3)
+    _AHEAD.clear()
+    for pool in _POOLS.values():
+        pool.shutdown(wait=False, cancel_futures=True)
+    _POOLS.clear()
 
 
 def _sizes(tree: Tree, leading: int) -> tuple:
@@ -90,26 +142,41 @@ def _draw_all(sizes: tuple, sigma: float, rng: np.random.Generator) -> list[np.n
     return [discrete_gaussian(n, sigma, rng) for _, n in sizes]
 
 
+def draw_keyed(sizes: tuple, sigma: float, seed: tuple[int, ...]) -> list[np.ndarray]:
+    """What a noise worker runs: every leaf's discrete Gaussian from ``seed``'s stream (the stream
+    of :func:`~fedlib.privacy.discrete.rng_for`, not noted: :func:`noisy_sum` notes the key when it
+    takes the draws), in the order :func:`noisy_sum` draws them."""
+    return _draw_all(sizes, sigma, np.random.default_rng(np.random.SeedSequence(list(seed))))
+
+
 def prefetch_noisy_sum(like: Tree, clip: float, noise_multiplier: float, relation: Relation,
                        seed: tuple[int, ...]) -> None:
-    """Start drawing, in a worker thread (:func:`noise_workers`), the discrete Gaussian noise that
+    """Start drawing, in a noise worker (:func:`noise_pool`), the discrete Gaussian noise that
     ``noisy_sum(clipped, clip, noise_multiplier, relation, seed)`` will add to updates shaped like
     ``like`` (one client's tree, no leading dimension): the same generator (``seed``) and the same
     calls in the same order, so the same values, which :func:`noisy_sum` takes instead of drawing
     them (when the key, the sizes and sigma all match; else it draws as usual). Nothing is released
     here: the noise alone is independent of the data. The secure path only (the float path is one
     fast draw)."""
-    if noise_multiplier <= 0:
+    if noise_multiplier <= 0 or _BROKEN:
         return
+    if getattr(mp.current_process(), "_inheriting", False):
+        raise RuntimeError(
+            "a noise worker process of fedlib is importing your main script, and the script trains "
+            "when imported: put its work under `if __name__ == \"__main__\":` (Python's rule for "
+            "programs whose worker processes are not forked; the run itself goes on, drawing its "
+            "noise where needed)")
     sizes = _sizes(like, 0)
     sigma = _discrete_sigma(clip, noise_multiplier, relation, sum(n for _, n in sizes))
-    key = (tuple(int(p) for p in seed), sizes, sigma)
+    seed = tuple(int(p) for p in seed)
+    key = (seed, sizes, sigma)
     if key in _AHEAD:
         return
-    if not _WORKER:
-        _WORKER.append(ThreadPoolExecutor(max_workers=noise_workers(), thread_name_prefix="fedlib-noise"))
-    rng = np.random.default_rng(np.random.SeedSequence(list(seed)))  # rng_for's stream, unnoted
-    _AHEAD[key] = _WORKER[0].submit(_draw_all, sizes, sigma, rng)
+    try:
+        _AHEAD[key] = noise_pool().submit(draw_keyed, sizes, sigma, seed)
+    except Exception as e:  # noqa: BLE001 - a broken pool (BrokenProcessPool, a failed start)
+        _stop_drawing_ahead(e)
+        return
     while len(_AHEAD) > _AHEAD_MAX:
         _AHEAD.popitem(last=False)
 
@@ -180,8 +247,7 @@ def noisy_sum(
     sigma = _discrete_sigma(clip, noise_multiplier, relation, dims)
     note(Release("gaussian_sum", noise_multiplier=sigma / grid_sensitivity(clip, relation, dims, grid)))
     rng = rng_for(*seed)
-    ahead = _AHEAD.pop((tuple(int(p) for p in seed), sizes, sigma), None)
-    ready = iter(ahead.result()) if ahead is not None else None  # drawn ahead from the same stream
+    ready = _drawn_ahead((tuple(int(p) for p in seed), sizes, sigma))
     drawn: list[np.ndarray] = []
 
     def release(x: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
@@ -195,6 +261,19 @@ def noisy_sum(
     out = tmap(lambda x: release(x, None), clipped) if mask is None else tmap(release, clipped, mask)
     note_draw("gaussian_sum", *drawn)
     return out
+
+
+def _drawn_ahead(key: tuple):
+    """The draws made ahead for ``key``, one array per leaf, or None (none started, or the pool
+    broke: then :func:`noisy_sum` draws them itself from the same stream)."""
+    ahead = _AHEAD.pop(key, None)
+    if ahead is None:
+        return None
+    try:
+        return iter(ahead.result())
+    except Exception as e:  # noqa: BLE001 - a worker died (BrokenProcessPool) or could not start
+        _stop_drawing_ahead(e)
+        return None
 
 
 def noisy_one(
