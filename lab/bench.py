@@ -47,7 +47,8 @@ Measures, in one process and on one setting (dataset, model, clients, samples, b
   (FedAvg, same total data, default path) and the papers' setting extrapolated from timed
   rounds: ``paper_fedavg_run_s`` (200 rounds, full FashionMNIST, 20 clients, batch 32, one
   evaluation per round), ``paper_fedavg_run_s_batched3`` (per run, three seeds batched) and
-  ``paper_moon_dpap_dp_run_s`` (every component and client-level DP);
+  ``paper_moon_dpap_dp_run_s`` (every component and client-level DP) and
+  ``paper_moon_dpap_dp_run_s_batched3`` (per run, three seeds batched: three runs' server noise);
 * on a GPU, ``kernels``: the CUDA kernel settings it ran with (:mod:`fedlib.kernels`; the
   speed options ``--matmul-tf32``, ``--cudnn-tf32``, ``--cudnn-autotune``, ``--cuda-graphs`` change
   them);
@@ -277,6 +278,8 @@ def scale_figures(config: Config, device: torch.device, rounds: int, clients: tu
     dpap = paper.replace(**OTHER_ALGORITHMS["moon_dpap_dp"])
     round_s, eval_s = time_rounds(dpap, device, path, rounds)
     out["paper_moon_dpap_dp_run_s"] = PAPER_ROUNDS * (round_s + eval_s)
+    per_run_batched = 1.0 / time_run_batch(dpap, device, path, 3, rounds)
+    out["paper_moon_dpap_dp_run_s_batched3"] = PAPER_ROUNDS * (per_run_batched + eval_s)
     return out
 
 

@@ -133,7 +133,8 @@ def test_scale_figures_and_saved_provenance(tmp_path):
     tiny_paper = dict(bench.PAPER_SCALE, train_samples=240, test_samples=100, clients=4)
     out = bench.scale_figures(cfg, torch.device("cpu"), rounds=1, clients=(4, 8), paper_scale=tiny_paper)
     for k in ("round_s_4_clients", "round_s_8_clients", "paper_fedavg_run_s", "paper_fedavg_run_s_batched3",
-              "paper_moon_dpap_dp_run_s", "moon_dpap_s", "moon_dpap_record_s"):
+              "paper_moon_dpap_dp_run_s", "paper_moon_dpap_dp_run_s_batched3", "moon_dpap_s",
+              "moon_dpap_record_s"):
         assert out[k] > 0
     assert out["record_dp_cost"] == out["moon_dpap_record_s"] / out["moon_dpap_s"]
     assert out["ghost_dp_cost"] == out["moon_dpap_ghost_s"] / out["moon_dpap_s"]
