@@ -31,7 +31,8 @@ $(STAMP): requirements.txt pyproject.toml
 
 venv: $(STAMP)
 
-# The optional Flower extra (fedlib.flower): only the tests need it, never the book.
+# The optional Flower extra (fedlib.flower): the tests need it, and so does the book (its Flower page
+# runs Flower's own DP wrappers beside fedlib's DP-FedAvg, fedlib/flower/dp_check.py).
 FLOWER_STAMP := $(VENV)/.flower
 $(FLOWER_STAMP): $(STAMP) requirements-flower.txt
 	$(PY) -m pip install -q -r requirements-flower.txt 2>&1 | grep -v "is ignored: it is neither" || true
@@ -46,7 +47,7 @@ $(DATA_STAMP): $(STAMP)
 data: $(DATA_STAMP)
 
 # ---- book -----------------------------------------------------------------------------
-notebooks: $(DATA_STAMP)
+notebooks: $(DATA_STAMP) $(FLOWER_STAMP)
 	$(PY) -m lab.notebooks --into-book --profile $(PROFILE)
 
 # The browser check needs Chromium: installed here when this is a Debian-like machine and we are root;

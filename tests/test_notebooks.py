@@ -181,3 +181,22 @@ def test_smoke_book_builds_and_renders_in_a_browser(smoke_book):
     problems = {r.page: r.problems for r in reports if r.problems}
     assert not problems, problems
     assert all(r.screenshot is not None for r in reports)
+
+
+def _make_prerequisites(target: str) -> list[str]:
+    """The prerequisites of ``target``'s rule in the Makefile (one line, as it is written there)."""
+    for line in (BOOK.parent / "Makefile").read_text().splitlines():
+        if line.startswith(f"{target}:"):
+            return line.split(":", 1)[1].split()
+    raise AssertionError(f"the Makefile has no rule for {target}")
+
+
+def test_make_book_installs_what_the_notebooks_import():
+    """``make book`` sets up everything on a fresh machine: a notebook that needs the optional Flower
+    extra (``fedlib.flower`` imports ``flwr``) makes the notebooks' rule install it first (a fresh
+    clone's ``make book`` once stopped at the Flower page with ``No module named 'flwr'``)."""
+    needs_flower = [s.name for s in SOURCES if any(m in s.read_text() for m in ("fedlib.flower", "flwr"))]
+    assert needs_flower, "no notebook uses Flower any more: drop $(FLOWER_STAMP) from the notebooks rule"
+    assert "$(FLOWER_STAMP)" in _make_prerequisites("notebooks"), (
+        f"{needs_flower} import Flower, but make book does not install it")
+    assert "notebooks" in _make_prerequisites("book")
