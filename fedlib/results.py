@@ -127,6 +127,27 @@ def code_commit() -> str:
     return git_commit()
 
 
+@functools.cache
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The host's processor as Linux reports it (``/proc/cpuinfo``: model name, family, model,
+    stepping), e.g. ``AMD EPYC (family 25, model 17, stepping 1)``; ``platform.processor()``
+    elsewhere. A virtual machine's model name can be as vague as "AMD EPYC": the family and model
+    tell its generations apart, and they differ in both speed (a benchmark's matmul peak) and
+    which vector kernels round a float32 sum."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return platform.processor() or platform.machine()
+    first = cpuinfo.split("\n\n", 1)[0]
+    fields = dict(line.split(":", 1) for line in first.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    ids = [f"{label} {fields[k]}" for k, label in (("cpu family", "family"), ("model", "model"),
+                                                    ("stepping", "stepping")) if k in fields]
+    return f"{name} ({', '.join(ids)})" if ids else name
+
+
 def provenance(device: torch.device, engine: str) -> dict[str, Any]:
     import numpy
 
@@ -135,7 +156,7 @@ def provenance(device: torch.device, engine: str) -> dict[str, Any]:
         dev += f" ({torch.cuda.get_device_name(device)})"
     return {"device": dev, "engine": engine, "torch": torch.__version__, "numpy": numpy.__version__,
             "python": platform.python_version(), "platform": platform.platform(),
-            "cpu_threads": torch.get_num_threads(), "git_commit": code_commit(),
+            "cpu": cpu_model(), "cpu_threads": torch.get_num_threads(), "git_commit": code_commit(),
             **({"kernels": kernel_settings()} if device.type == "cuda" else
                {"kernels": device_options()} if device_options() else {})}
 

@@ -24,7 +24,12 @@ Measures, in one process and on one setting (dataset, model, clients, samples, b
   drift by a third between hours, and the lower would flatter the percentage); on a CPU also
   ``plain_parallel_percent_of_peak``, the same share for the plain loop split over the cores
   (:func:`percent_of_peak`): the rate PyTorch's own kernels reach on this model without federation,
-  the ceiling of the parallel path short of faster convolution kernels;
+  the ceiling of the parallel path short of faster convolution kernels; and
+  ``floor_1thread_percent_of_peak``, the plain loop on one thread against one thread's matmul rate
+  (``matmul_peak_1thread_gflops``): the training step's own efficiency, without the cores' sharing.
+  These shares depend on the host's processor, which the saved provenance names (``cpu``): a
+  core with wider multiply-add units raises the matmul peak more than it speeds up small
+  convolutions;
 * ratios ``overhead_sequential = sequential_s / floor_s``,
   ``speedup_vectorized = sequential_s / vectorized_s``, ``default_vs_floor = default_s / floor_s``;
 * round times of MOON, SCAFFOLD and MOON-DPAP with every component and client-level DP on
@@ -334,10 +339,18 @@ def client_state_mb(config: Config, clients: int) -> float:
     return clients * sum(t.numel() * t.element_size() for t in leaves(one)) / 2**20
 
 
-def matmul_peak_flops(device: torch.device, seconds: float = 1.0) -> float:
+def matmul_peak_flops(device: torch.device, seconds: float = 1.0, threads: int | None = None) -> float:
     """The device's measured matrix-multiply rate (FLOP/s): square float32 products (n = 2048 on a
-    CPU, on every thread torch uses; 8192 on a GPU, under the run's TF32 setting), repeated for about
-    ``seconds`` after a warm-up, the best of three passes: the peak an achieved rate is compared with."""
+    CPU, on every thread torch uses, or on ``threads``; 8192 on a GPU, under the run's TF32 setting),
+    repeated for about ``seconds`` after a warm-up, the best of three passes: the peak an achieved
+    rate is compared with."""
+    if threads is not None:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return matmul_peak_flops(device, seconds)
+        finally:
+            torch.set_num_threads(before)
     n = 2048 if device.type == "cpu" else 8192
     a, b = (torch.randn(n, n, device=device) for _ in range(2))
     torch.mm(a, b)
@@ -537,6 +550,9 @@ def benchmark(config: Config, device: torch.device, rounds: int = 3,
     out.update(flop_rates(config, device, out["default_s"], (peak_at_start,)))
     if cpu:
         out["plain_parallel_percent_of_peak"] = percent_of_peak(out, out["plain_parallel_s"])
+        out["matmul_peak_1thread_gflops"] = matmul_peak_flops(device, threads=1) / 1e9
+        out["floor_1thread_percent_of_peak"] = percent_of_peak(
+            {**out, "matmul_peak_gflops": out["matmul_peak_1thread_gflops"]}, out["floor_1thread_s"])
     out["operators_per_step"] = step_operators(config)
     out["operators_exclude_views"] = True  # (results before 2026-11-26 counted views too)
     out["record_dp_step"] = record_dp_step(config.model, config.batch_size, device=device)

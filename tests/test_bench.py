@@ -21,7 +21,7 @@ KEYS = {"device", "model", "clients", "samples", "floor_s", "sequential_s", "vec
         "record_dp_step", "server_noise"}
 #: What the cores can give: measured on a CPU only.
 CPU_KEYS = {"floor_1thread_s", "plain_parallel_s", "plain_parallel_vs_floor",
-            "plain_parallel_percent_of_peak"}
+            "plain_parallel_percent_of_peak", "matmul_peak_1thread_gflops", "floor_1thread_percent_of_peak"}
 
 
 @pytest.mark.e2e
@@ -42,6 +42,10 @@ def test_bench_json_line_has_every_key(capsys):
     gflops, peak = res["default_gflops"], res["matmul_peak_gflops"]
     assert len(res["matmul_peak_gflops_measured"]) == 2 and peak == max(res["matmul_peak_gflops_measured"])
     assert res["default_percent_of_peak"] == pytest.approx(100 * gflops / peak)
+    if "floor_1thread_s" in res:  # the one-thread step against one thread's own peak
+        assert res["floor_1thread_percent_of_peak"] == pytest.approx(
+            400 * res["train_mflop_per_sample"] / 1e3 / res["floor_1thread_s"]
+            / res["matmul_peak_1thread_gflops"] * 100)
     assert gflops == pytest.approx(400 * res["train_mflop_per_sample"] / 1e3 / res["default_s"])
 
 
@@ -128,6 +132,12 @@ def test_client_state_size_is_the_stacked_state_of_the_engine():
     assert bench.client_state_mb(cfg, 3) == stored
 
 
+def test_matmul_peak_on_one_thread_restores_the_thread_count():
+    before = torch.get_num_threads()
+    assert bench.matmul_peak_flops(torch.device("cpu"), seconds=0.05, threads=1) > 0
+    assert torch.get_num_threads() == before
+
+
 def test_scale_figures_and_saved_provenance(tmp_path):
     cfg = Config(clients=4, train_samples=240, test_samples=100, rounds=2, partition="iid")
     tiny_paper = dict(bench.PAPER_SCALE, train_samples=240, test_samples=100, clients=4)
@@ -141,7 +151,7 @@ def test_scale_figures_and_saved_provenance(tmp_path):
     path = bench.save(out, torch.device("cpu"), tmp_path)
     saved = json.loads(path.read_text())
     assert saved["results"] == out
-    for k in ("device", "git_commit", "torch", "python"):
+    for k in ("device", "cpu", "git_commit", "torch", "python"):
         assert k in saved["provenance"]
 
 

@@ -36,7 +36,7 @@ def test_cache_hit_and_force(tmp_path, monkeypatch):
 
 def test_result_records_provenance(tmp_path):
     r = run(CFG.replace(rounds=1), root=tmp_path, progress=False)
-    for key in ("seed", "device", "torch", "git_commit", "duration_s", "engine", "config_key"):
+    for key in ("seed", "device", "cpu", "torch", "git_commit", "duration_s", "engine", "config_key"):
         assert key in r.meta
     rec = r.history[0]
     for key in ("round", "test_acc", "test_loss", "wall_s", "bytes_up", "bytes_down", "train_loss"):
@@ -44,6 +44,18 @@ def test_result_records_provenance(tmp_path):
     assert rec["bytes_up"] == rec["bytes_down"] == 4 * 4 * 424_266
     on_disk = json.loads(r.path.read_text())
     assert on_disk["config"] == CFG.replace(rounds=1).to_dict()
+
+
+def test_cpu_model_names_the_processor_generation():
+    """A VM's model name can be as vague as "AMD EPYC": family, model and stepping tell two hosts
+    apart (their benchmarks differ by a third); an unknown layout falls back to the machine."""
+    from fedlib.results import cpu_model
+
+    info = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+            "model name\t: AMD EPYC\nstepping\t: 1\nflags\t\t: fpu avx2\n\nprocessor\t: 1\n"
+            "cpu family\t: 99\n")
+    assert cpu_model(info) == "AMD EPYC (family 25, model 17, stepping 1)"
+    assert cpu_model("processor\t: 0\nBogoMIPS\t: 50.00\n")  # e.g. an ARM host: never empty
 
 
 def test_atomic_write_leaves_nothing_half_written(tmp_path, monkeypatch):

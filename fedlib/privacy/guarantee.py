@@ -67,7 +67,7 @@ def is_released(metric: str) -> bool:
 #: and code determine (the key, the seed, the data set's identity and sizes, the privacy statement),
 #: bookkeeping (hashes, migrations, engines).
 PUBLIC_META = frozenset({
-    "device", "engine", "torch", "numpy", "python", "platform", "cpu_threads", "git_commit", "seed",
+    "device", "engine", "torch", "numpy", "python", "platform", "cpu", "cpu_threads", "git_commit", "seed",
     "config_key", "resumed_from_round", "resumed_from_commit", "resumed_from_engine", "duration_s",
     "train_samples", "test_samples", "data_sha256",
     "reproducible", "privacy", "run_batch", "content_sha256", "migrated_from", "flower",
