@@ -40,7 +40,10 @@ def test_bench_json_line_has_every_key(capsys):
     assert all(res[k] > 0 for k in keys if k.endswith("_s") and k != "run_batch_runs_per_s")
     assert set(res["run_batch_runs_per_s"]) == {"1", "2"} and min(res["run_batch_runs_per_s"].values()) > 0
     gflops, peak = res["default_gflops"], res["matmul_peak_gflops"]
-    assert len(res["matmul_peak_gflops_measured"]) == 2 and peak == max(res["matmul_peak_gflops_measured"])
+    measured = res["matmul_peak_gflops_measured"]  # start, (on a CPU: cores x one thread), end
+    assert len(measured) == (3 if "floor_1thread_s" in res else 2) and peak == max(measured)
+    if "floor_1thread_s" in res:
+        assert measured[1] == pytest.approx(res["plain_parallel_workers"] * res["matmul_peak_1thread_gflops"])
     assert res["default_percent_of_peak"] == pytest.approx(100 * gflops / peak)
     if "floor_1thread_s" in res:  # the one-thread step against one thread's own peak
         assert res["floor_1thread_percent_of_peak"] == pytest.approx(
