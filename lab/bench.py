@@ -70,6 +70,7 @@ book's benchmark page reads.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -100,6 +101,18 @@ OTHER_ALGORITHMS = {
                          prune_t_max=0.005, moon_tau=0.5, tau_min=0.1, mu_max=0.05, dp="central",
                          dp_epsilon_per_round=1.0, dp_clip=0.5, dp_delta=1e-5),
 }
+
+
+@contextlib.contextmanager
+def _threads(n: int | None):
+    """Run the block on ``n`` intra-op threads (None: leave PyTorch's setting), restoring it after."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _sync(device: torch.device) -> None:
@@ -143,11 +156,8 @@ def time_floor(config: Config, device: torch.device, repeats: int = 3, threads: 
     x, y = exp.data.x_train, exp.data.y_train
     model, opt = _plain_learner(config, device)
     g = torch.Generator().manual_seed(0)
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
     times = []
-    try:
+    with _threads(threads):
         for i in range(1 + repeats):
             _sync(device)
             t0 = time.perf_counter()
@@ -155,8 +165,6 @@ def time_floor(config: Config, device: torch.device, repeats: int = 3, threads: 
             _sync(device)
             if i > 0:
                 times.append(time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(before)
     return statistics.median(times)
 
 
@@ -346,25 +354,19 @@ def matmul_peak_flops(device: torch.device, seconds: float = 1.0, threads: int |
     CPU, on every thread torch uses, or on ``threads``; 8192 on a GPU, under the run's TF32 setting),
     repeated for about ``seconds`` after a warm-up, the best of three passes: the peak an achieved
     rate is compared with."""
-    if threads is not None:
-        before = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            return matmul_peak_flops(device, seconds)
-        finally:
-            torch.set_num_threads(before)
     n = 2048 if device.type == "cpu" else 8192
     a, b = (torch.randn(n, n, device=device) for _ in range(2))
-    torch.mm(a, b)
-    _sync(device)
     best = 0.0
-    for _ in range(3):
-        reps, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds / 3:
-            torch.mm(a, b)
-            reps += 1
-            _sync(device)
-        best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t0))
+    with _threads(threads):
+        torch.mm(a, b)
+        _sync(device)
+        for _ in range(3):
+            reps, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds / 3:
+                torch.mm(a, b)
+                reps += 1
+                _sync(device)
+            best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t0))
     return best
 
 
@@ -385,13 +387,13 @@ def flop_rates(config: Config, device: torch.device, default_s: float,
             "default_percent_of_peak": 100 * achieved / peak}
 
 
-def percent_of_peak(results: dict, seconds: float) -> float:
-    """The share (%) of a benchmark's matrix-multiply peak (``matmul_peak_gflops``) reached by one
-    pass over its training samples (``samples`` x ``train_mflop_per_sample``) in ``seconds``: the
-    measure of ``default_percent_of_peak``, for any other timing the benchmark recorded (it applies
-    to committed results too, which store the three numbers)."""
+def percent_of_peak(results: dict, seconds: float, peak_gflops: float | None = None) -> float:
+    """The share (%) of a benchmark's matrix-multiply peak (``matmul_peak_gflops``, or ``peak_gflops``)
+    reached by one pass over its training samples (``samples`` x ``train_mflop_per_sample``) in
+    ``seconds``: the measure of ``default_percent_of_peak``, for any other timing the benchmark
+    recorded (it applies to committed results too, which store the three numbers)."""
     flop = results["samples"] * results["train_mflop_per_sample"] * 1e6
-    return 100 * flop / seconds / (results["matmul_peak_gflops"] * 1e9)
+    return 100 * flop / seconds / ((peak_gflops or results["matmul_peak_gflops"]) * 1e9)
 
 
 #: The algorithm families whose vectorized step's operator count the benchmark reports.
@@ -555,8 +557,8 @@ def benchmark(config: Config, device: torch.device, rounds: int = 3,
     out.update(flop_rates(config, device, out["default_s"], peaks_at_start))
     if cpu:
         out["plain_parallel_percent_of_peak"] = percent_of_peak(out, out["plain_parallel_s"])
-        out["floor_1thread_percent_of_peak"] = percent_of_peak(
-            {**out, "matmul_peak_gflops": out["matmul_peak_1thread_gflops"]}, out["floor_1thread_s"])
+        out["floor_1thread_percent_of_peak"] = percent_of_peak(out, out["floor_1thread_s"],
+                                                               out["matmul_peak_1thread_gflops"])
     out["operators_per_step"] = step_operators(config)
     out["operators_exclude_views"] = True  # (results before 2026-11-26 counted views too)
     out["record_dp_step"] = record_dp_step(config.model, config.batch_size, device=device)

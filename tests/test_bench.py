@@ -42,10 +42,9 @@ def test_bench_json_line_has_every_key(capsys):
     gflops, peak = res["default_gflops"], res["matmul_peak_gflops"]
     measured = res["matmul_peak_gflops_measured"]  # start, (on a CPU: cores x one thread), end
     assert len(measured) == (3 if "floor_1thread_s" in res else 2) and peak == max(measured)
-    if "floor_1thread_s" in res:
-        assert measured[1] == pytest.approx(res["plain_parallel_workers"] * res["matmul_peak_1thread_gflops"])
     assert res["default_percent_of_peak"] == pytest.approx(100 * gflops / peak)
-    if "floor_1thread_s" in res:  # the one-thread step against one thread's own peak
+    if "floor_1thread_s" in res:  # cores x one thread's peak; the one-thread step against that thread's
+        assert measured[1] == pytest.approx(res["plain_parallel_workers"] * res["matmul_peak_1thread_gflops"])
         assert res["floor_1thread_percent_of_peak"] == pytest.approx(
             400 * res["train_mflop_per_sample"] / 1e3 / res["floor_1thread_s"]
             / res["matmul_peak_1thread_gflops"] * 100)
