@@ -396,6 +396,19 @@ def percent_of_peak(results: dict, seconds: float, peak_gflops: float | None = N
     return 100 * flop / seconds / ((peak_gflops or results["matmul_peak_gflops"]) * 1e9)
 
 
+
+def batch_round_cost(results: dict) -> dict[int, float]:
+    """What one round of a run batch of ``R`` runs costs, in rounds of a single run, for each ``R``
+    that ``run_batch_runs_per_s`` timed: ``R x rate(1) / rate(R)`` (the rates are run-rounds per
+    second). Near 1, the runs share the step's time: it goes to launches and fixed costs, as a
+    launch-bound step's does. Near ``R``, batching shares nothing: the time is the runs' own work,
+    and the kernels' speed on that work is what bounds the step. Empty when the benchmark did not
+    time one run alone."""
+    rates = {int(r): float(v) for r, v in (results.get("run_batch_runs_per_s") or {}).items()}
+    if rates.get(1, 0) <= 0:
+        return {}
+    return {r: r * rates[1] / v for r, v in sorted(rates.items()) if v > 0}
+
 #: The algorithm families whose vectorized step's operator count the benchmark reports.
 STEP_FAMILIES = {
     "fedavg": dict(),

@@ -90,6 +90,20 @@ def test_ratios_of_paths_that_were_not_timed_are_none():
         "overhead_sequential": 1.5, "speedup_vectorized": 6.0}
 
 
+
+def test_batch_round_cost_is_runs_times_one_runs_rate_over_the_batchs():
+    """A batch whose rate grows with its runs (launch-bound: the runs share the step) costs about one
+    round; one whose rate stays flat costs ``R`` rounds; a benchmark without a single-run timing (or
+    without the key) gives nothing rather than a ratio to a missing base."""
+    shared = bench.batch_round_cost({"run_batch_runs_per_s": {"1": 2.0, "3": 6.0, "8": 16.0}})
+    assert shared == pytest.approx({1: 1.0, 3: 1.0, 8: 1.0})
+    flat = bench.batch_round_cost({"run_batch_runs_per_s": {"1": 2.0, "3": 2.0, "8": 2.0}})
+    assert flat == pytest.approx({1: 1.0, 3: 3.0, 8: 8.0})
+    assert bench.batch_round_cost({"run_batch_runs_per_s": {"1": 11.5, "8": 19.7}})[8] == pytest.approx(
+        8 * 11.5 / 19.7)
+    assert bench.batch_round_cost({"run_batch_runs_per_s": {"3": 6.0}}) == {}
+    assert bench.batch_round_cost({}) == {}
+
 def test_percent_of_peak_reproduces_each_committed_benchmarks_own_figure():
     """:func:`lab.bench.percent_of_peak` applied to a committed benchmark's default round gives the
     ``default_percent_of_peak`` that run computed from its own FLOP count and peak (so the book may
