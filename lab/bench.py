@@ -60,7 +60,11 @@ Measures, in one process and on one setting (dataset, model, clients, samples, b
   speed options ``--matmul-tf32``, ``--cudnn-tf32``, ``--cudnn-autotune``, ``--cuda-graphs`` change
   them);
 * :func:`clients_sweep`: round time against the number of clients at a fixed total of data,
-  per engine path (the book's benchmark page plots it).
+  per engine path (the book's benchmark page plots it);
+* alone, with ``--kernel-profile``: where a round's time goes, operator by operator (and, on a GPU,
+  kernel by kernel), from ``torch.profiler`` (:func:`kernel_profile`; saved under
+  ``data/bench/profile/``), and with ``--options-sweep`` the speed options against the defaults
+  (:func:`options_sweep`).
 
 With ``--json`` the last line is one JSON object with these keys; ``--save`` also writes it,
 with provenance (device, commit, versions), to ``data/bench/<device>-<date>.json``, which the
@@ -635,6 +639,69 @@ def options_sweep(config: Config, device: torch.device, rounds: int = 2, repeats
             "fastest": min(median, key=median.get)}
 
 
+
+def profile_path(device: torch.device, paths: tuple[str, ...] | None = None) -> str:
+    """The path :func:`kernel_profile` profiles: the first of ``paths``, else the device's default,
+    except the CPU's ``parallel``, whose workers are other processes that a profiler in this one
+    does not see: there each worker's own loop, ``sequential``."""
+    path = paths[0] if paths else default_path(device)
+    return "sequential" if path == "parallel" else path
+
+
+def kernel_profile(config: Config, device: torch.device, path: str, runs: int = 1, rounds: int = 2,
+                   top: int = 20) -> dict:
+    """Where a round's time goes, operator by operator (``--kernel-profile``): ``rounds`` rounds of a
+    run batch of ``runs`` seeds on ``path``, after one warm-up round, under ``torch.profiler``.
+
+    The step runs eagerly (CUDA graphs off for the profile: a replay runs the same kernels but hides
+    which operator launched each). On CUDA an operator's time is its own kernels' device time
+    (``self_device_time_total``) and the ``top`` kernels are listed as well; on a CPU it is the
+    operator's own CPU time. ``ops`` holds the ``top`` operators by that time, each with its calls
+    and seconds per round and its share of all operators' time (``timed_s_per_round``);
+    ``wall_s_per_round`` is the round under the profiler (which adds to every operator's cost, so it
+    is no benchmark of the round)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    graphs = kernel_settings().get("cuda_graphs") if cuda else None
+    if cuda:
+        set_kernel_options(cuda_graphs=False)
+    try:
+        batch = RunBatch([Experiment(config.replace(seed=s), device) for s in range(runs)])
+        with batch.executor(path) as ex:
+            batch.round(0, ex)
+            _sync(device)
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+            t0 = time.perf_counter()
+            with profile(activities=activities) as prof:
+                for t in range(1, rounds + 1):
+                    batch.round(t, ex)
+                _sync(device)
+            wall = (time.perf_counter() - t0) / rounds
+    finally:
+        if cuda:
+            set_kernel_options(cuda_graphs=graphs)
+
+    def seconds(e) -> float:
+        return (e.self_device_time_total if cuda else e.self_cpu_time_total) / 1e6 / rounds
+
+    def rows(events) -> tuple[list[dict], float]:
+        timed = [e for e in events if seconds(e) > 0]
+        total = sum(seconds(e) for e in timed)
+        best = sorted(timed, key=seconds, reverse=True)[:top]
+        return [{"name": e.key, "calls_per_round": e.count / rounds, "s_per_round": seconds(e),
+                 "share": seconds(e) / total} for e in best], total
+
+    events = prof.key_averages()
+    ops, total = rows([e for e in events if e.device_type == DeviceType.CPU])
+    out = {"path": path, "runs": runs, "rounds": rounds, "samples": config.n_train,
+           "clients": config.clients, "timed": "device" if cuda else "cpu", "eager": True,
+           "wall_s_per_round": wall, "timed_s_per_round": total, "ops": ops}
+    if cuda:
+        out["kernels"], _ = rows([e for e in events if e.device_type == DeviceType.CUDA])
+    return out
+
 def device_label(device: torch.device) -> str:
     """The device as results name it: ``cpu``, or ``cuda:0 (NVIDIA H200)``."""
     return str(device) if device.type == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})"
@@ -659,15 +726,17 @@ def variant_name(options: dict[str, bool | str]) -> str:
                     for k, v in sorted(options.items()))
 
 
-def save(res: dict, device: torch.device, folder: Path | None = None, variant: str = "") -> Path:
+def save(res: dict, device: torch.device, folder: Path | None = None, variant: str = "",
+         subfolder: str = "options") -> Path:
     """Write ``res`` with provenance to ``data/bench/<device>-<date>.json`` (atomically). A run
     with speed options (``variant``, from :func:`variant_name`) goes to
-    ``data/bench/options/<device>-<date>-<variant>.json`` instead: the campaign's time estimates
-    read the default settings' files only."""
+    ``data/bench/options/<device>-<date>-<variant>.json`` instead (``subfolder``): the campaign's
+    time estimates read the default settings' files only. A kernel profile goes to
+    ``data/bench/profile/<device>-<date>-[<options>-]kernel-profile.json``."""
     folder = Path(folder or bench_dir())
     stamp = time.strftime("%Y-%m-%d")
     if variant:
-        folder, stamp = folder / "options", f"{stamp}-{variant}"
+        folder, stamp = folder / subfolder, f"{stamp}-{variant}"
     path = folder / f"{device_slug(device)}-{stamp}.json"
     payload = {"results": res, "provenance": provenance(device, res.get("default_path", "")),
                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -736,6 +805,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--options-sweep", action="store_true",
                    help="only compare the speed options with the defaults (SWEEP_VARIANTS), interleaved; "
                         "--batch-runs' first size is the run batch; with --save, under data/bench/options/")
+    p.add_argument("--kernel-profile", action="store_true",
+                   help="only profile a round of a run batch (--batch-runs' first size) operator by "
+                        "operator with torch.profiler, eagerly (kernel_profile); with --save, under "
+                        "data/bench/profile/, named ...-kernel-profile.json")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     p.add_argument("--save", action="store_true", help="write the result with provenance under data/bench/")
     args = p.parse_args(argv)
@@ -756,9 +829,16 @@ def main(argv: list[str] | None = None) -> int:
             options[option] = getattr(args, option)
     kernels = set_kernel_options(**options)
     paths = tuple(args.paths) if args.paths else None
-    if args.options_sweep and args.record_cost:
-        p.error("--options-sweep and --record-cost each time a part of the benchmark: choose one")
-    if args.options_sweep:
+    parts = [f"--{name}" for name, on in (("options-sweep", args.options_sweep),
+                                           ("record-cost", args.record_cost),
+                                           ("kernel-profile", args.kernel_profile)) if on]
+    if len(parts) > 1:
+        p.error(f"{' and '.join(parts)} each time a part of the benchmark: choose one")
+    if args.kernel_profile:
+        res = {"device": device_label(device),
+               "kernel_profile": kernel_profile(config, device, profile_path(device, paths),
+                                                runs=args.batch_runs[0], rounds=args.rounds)}
+    elif args.options_sweep:
         res = {"device": device_label(device),
                "options_sweep": options_sweep(config, device, args.rounds, runs=args.batch_runs[0])}
     elif args.record_cost:
@@ -771,7 +851,7 @@ def main(argv: list[str] | None = None) -> int:
         res["kernels"] = kernels
     elif device_options():
         res["kernels"] = device_options()
-    if args.sweep and not (args.record_cost or args.options_sweep):
+    if args.sweep and not parts:
         sweep_paths = paths or (("sequential", "parallel", "vectorized") if device.type == "cpu"
                                 else ("sequential", "vectorized"))
         res["clients_sweep"] = clients_sweep(config, device, args.sweep, sweep_paths, rounds=1)
@@ -779,9 +859,10 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in res.items():
         print(f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
     if args.save:
-        sweep = "options-sweep" if args.options_sweep else ""
-        variant = "-".join(filter(None, [variant_name(options), sweep]))
-        print(f"saved {save(res, device, variant=variant)}")
+        part = "options-sweep" if args.options_sweep else "kernel-profile" if args.kernel_profile else ""
+        variant = "-".join(filter(None, [variant_name(options), part]))
+        subfolder = "profile" if args.kernel_profile else "options"
+        print(f"saved {save(res, device, variant=variant, subfolder=subfolder)}")
     if args.json:
         print(json.dumps(res))
     return 0

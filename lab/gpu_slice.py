@@ -14,7 +14,8 @@ connected machine) and runs ``python -m lab.gpu_slice MINUTES OUTDIR``, which, w
    ``--max-batch`` runs, until ``--margin-min`` (2.5) minutes before the budget ends; a run batch
    that would not end in time is not started, a run still training at the deadline checkpoints and
    stops (the next slice on the same machine resumes it), and every finished run is written at once;
-4. runs the benchmark only when asked (``--bench``: ``lab.bench --save``), after the training;
+4. runs the benchmark only when asked (``--bench``: ``lab.bench --save``), after the training, once
+   for each ``--bench-args`` given (in order: e.g. the options sweep, then the kernel profile);
 5. packs every result (and audit) file the slice added, the benchmark JSON, a summary
    (``slice.json``) and the logs into at most 8 files of at most 16 MiB under ``OUTDIR`` (what the
    project's GPU machine returns per command).
@@ -91,6 +92,18 @@ _TEST_ID = re.compile(r"(tests/\S+::\S+)")
 _OUTCOME = re.compile(r"\b(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 
 
+def bench_runs(bench_args: str | list[str]) -> list[str]:
+    """The benchmark runs a slice makes: one per ``--bench-args`` string (a single string, or none,
+    is one run). A string that ``shlex`` cannot split is refused before any work."""
+    runs = [bench_args] if isinstance(bench_args, str) else list(bench_args) or [""]
+    for args in runs:
+        try:
+            shlex.split(args)
+        except ValueError as e:
+            raise ValueError(f"--bench-args {args!r}: {e}") from None
+    return runs
+
+
 def _step(cmd: list[str], log: Path, timeout_s: float) -> dict:
     """Run ``cmd`` with its output in ``log``; its exit status and seconds (124 past ``timeout_s``:
     it is interrupted with SIGINT, given :data:`STOP_GRACE_S` to report, then killed)."""
@@ -150,7 +163,8 @@ def no_gpu_reason() -> str | None:
 
 
 def slice_(minutes: float, out: Path, profile: str = "paper", pages: list[str] | None = None,
-           n_seeds: int | None = None, tests: str = "check", bench: bool = False, bench_args: str = "",
+           n_seeds: int | None = None, tests: str = "check", bench: bool = False,
+           bench_args: str | list[str] = "",
            max_batch: int = 8, margin_min: float = MARGIN_MIN, progress: bool = True,
            data_bundle: Path | None = None, test_workers: int | None = None,
            cuda_graphs: bool = True, tests_share: float = TESTS_SHARE) -> dict:
@@ -226,14 +240,15 @@ def slice_(minutes: float, out: Path, profile: str = "paper", pages: list[str] |
     else:
         summary["steps"]["campaign"] = {"rc": 0, "skipped": f"no budget left ({budget:.1f} min)"}
 
-    # 4. benchmark, when asked, after the training
-    if bench:
+    # 4. benchmark, when asked, after the training: one run of lab.bench per --bench-args
+    for i, args in enumerate(bench_runs(bench_args) if bench else []):
+        name = "bench" if i == 0 else f"bench-{i + 1}"
         before_bench = set(bench_dir().rglob("*.json"))
-        cmd = [py, "-m", "lab.bench", "--json", "--save", *shlex.split(bench_args)]
-        summary["steps"]["bench"] = _step(cmd, logs / "bench.log", deadline - time.time())
+        cmd = [py, "-m", "lab.bench", "--json", "--save", *shlex.split(args)]
+        summary["steps"][name] = _step(cmd, logs / f"{name}.log", deadline - time.time())
         for f in sorted(set(bench_dir().rglob("*.json")) - before_bench):
             (out / f.name).write_bytes(f.read_bytes())
-            summary["steps"]["bench"]["file"] = f.name
+            summary["steps"][name]["file"] = f.name
 
     # 5. pack
     new = sorted(result_files(root) - before)
@@ -274,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tests-share", type=float, default=TESTS_SHARE,
                    help=f"share of the budget the tests may use (default {TESTS_SHARE})")
     p.add_argument("--bench", action="store_true", help="run the benchmark after the training")
-    p.add_argument("--bench-args", default="", help="extra options of lab.bench (quoted)")
+    p.add_argument("--bench-args", action="append", default=[],
+                   help="extra options of lab.bench (quoted); repeated: one benchmark run each, in order")
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="the campaign's runs replay their steps as CUDA graphs (fedlib.graphs; default on)")
@@ -292,6 +308,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--test-workers must be >= 0")
     if args.test_workers and importlib.util.find_spec("xdist") is None:
         p.error("--test-workers needs pytest-xdist, which is not installed here (0: one process)")
+    if args.bench_args and not args.bench:
+        p.error("--bench-args is given but --bench is not: add --bench to run the benchmark")
+    try:
+        bench_runs(args.bench_args)
+    except ValueError as e:
+        p.error(str(e))
     if args.outdir.exists() and any(args.outdir.iterdir()):
         p.error(f"{args.outdir} is not empty")
     if not args.allow_cpu and (reason := no_gpu_reason()):

@@ -232,6 +232,41 @@ def test_a_benchmark_with_options_is_kept_apart_from_the_estimates(tmp_path, mon
     assert (per_sample, name) == (2.0 / 100, default.name)
 
 
+
+def test_the_kernel_profile_ranks_a_rounds_operators_and_is_saved_apart(tmp_path, monkeypatch, capsys):
+    """``--kernel-profile`` profiles a run batch's rounds operator by operator: the operators come
+    sorted by their time, their shares of the total are fractions that sum to at most 1, the
+    convolutions of the CNN are among them, and the file lands under ``profile/``, where neither the
+    estimates nor the speed options' table read. The CPU's parallel path is profiled as its workers'
+    own loop, since the workers are other processes."""
+    cpu = torch.device("cpu")
+    assert bench.profile_path(cpu) == "sequential"
+    assert bench.profile_path(cpu, ("vectorized",)) == "vectorized"
+    monkeypatch.setenv("FEDLIB_BENCH_DIR", str(tmp_path))
+    bench.main(["--device", "cpu", "--kernel-profile", "--samples", "160", "--clients", "2", "--rounds", "1",
+                "--batch-runs", "2", "--paths", "vectorized", "--save", "--json"])
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["kernel_profile"]
+    assert (res["path"], res["runs"], res["rounds"], res["timed"]) == ("vectorized", 2, 1, "cpu")
+    times = [o["s_per_round"] for o in res["ops"]]
+    assert times == sorted(times, reverse=True) and times[-1] > 0
+    assert all(0 < o["share"] <= 1 and o["calls_per_round"] > 0 for o in res["ops"])
+    assert sum(o["share"] for o in res["ops"]) <= 1 + 1e-9
+    assert sum(times) <= res["timed_s_per_round"] * (1 + 1e-9)
+    assert any("convolution" in o["name"] for o in res["ops"]) and "kernels" not in res
+    (saved,) = tmp_path.rglob("*.json")
+    assert saved.parent == tmp_path / "profile" and saved.name.endswith("-kernel-profile.json")
+    assert json.loads(saved.read_text())["results"]["kernel_profile"]["ops"] == res["ops"]
+
+
+def test_the_benchmarks_parts_are_refused_together_before_any_work(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FEDLIB_BENCH_DIR", str(tmp_path))
+    monkeypatch.setattr(bench, "kernel_profile", lambda *a, **k: pytest.fail("the profile ran"))
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--device", "cpu", "--kernel-profile", "--options-sweep"])
+    assert exc.value.code == 2
+    assert "--options-sweep and --kernel-profile each time a part" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
 RECORD_DP = dict(algorithm="moon_dpap", dp="record", dp_epsilon_per_round=1.0, dp_clip=0.5)
 
 

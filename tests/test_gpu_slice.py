@@ -39,24 +39,45 @@ def test_gpu_slice_runs_end_to_end_and_its_results_unpack(tmp_path, bundle):
     cmd = ["bash", str(REPO_ROOT / "tools" / "gpu-slice.sh"), "8", str(out), "--profile", "smoke",
            "--pages", "moon_dpap_table2", "dpfl_claim3", "--margin-min", "0.2", "--no-progress",
            "--allow-cpu", "--data-bundle", str(bundle), "--bench", "--bench-args",
-           "--samples 400 --clients 4 --rounds 1 --batch-runs 1 --no-scale --paths sequential"]
+           "--samples 400 --clients 4 --rounds 1 --batch-runs 1 --no-scale --paths sequential",
+           "--bench-args", "--kernel-profile --samples 160 --clients 2 --rounds 1 --batch-runs 1"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
     assert len(files) <= 8 and {"slice.json", "logs.tgz", "results-00.tgz"} <= set(files), files
     summary = json.loads((out / "slice.json").read_text())
-    assert list(summary["steps"]) == ["tests", "campaign", "bench"]  # the check, then training first
+    # the check, then training first, then one benchmark run per --bench-args
+    assert list(summary["steps"]) == ["tests", "campaign", "bench", "bench-2"]
     assert summary["steps"]["tests"]["rc"] == 0 and summary["steps"]["bench"]["rc"] == 0
+    assert summary["steps"]["bench-2"]["rc"] == 0
+    assert "--kernel-profile" in summary["steps"]["bench-2"]["command"]
     # moon_dpap_table2: 5 variants; dpfl_claim3: 6 memorising and 5 learning federations, 1 seed
     assert summary["steps"]["campaign"]["still missing"] == 0 and summary["results"] == 16
-    assert any(f.startswith("cpu-") and f.endswith(".json") for f in files)  # the benchmark
+    # the benchmark and the kernel profile, each under its own name
+    bench_file, profile_file = summary["steps"]["bench"]["file"], summary["steps"]["bench-2"]["file"]
+    assert bench_file.startswith("cpu-") and profile_file.endswith("-kernel-profile.json")
+    assert {bench_file, profile_file} <= set(files)
     with tarfile.open(out / "logs.tgz") as tar:
-        assert {"tests.log", "bench.log"} <= set(tar.getnames())
+        assert {"tests.log", "bench.log", "bench-2.log"} <= set(tar.getnames())
     # the connected machine: checked, then added (results and their membership-audit losses)
     report = campaign.unpack(sorted(out.glob("results-*.tgz")), root=tmp_path / "home")
     audits = [n for n in report["added"] if n.startswith("audits/")]
     assert len(report["added"]) == 16 + 11 and len(audits) == 11
     assert (tmp_path / "raw" / "MNIST" / "raw" / "train-images-idx3-ubyte").exists()
+
+
+def test_the_slice_refuses_benchmark_options_it_would_not_run_or_cannot_split(tmp_path, capsys):
+    from lab import gpu_slice
+
+    assert gpu_slice.bench_runs("") == [""] and gpu_slice.bench_runs([]) == [""]
+    assert gpu_slice.bench_runs(["--options-sweep", "--kernel-profile"]) == ["--options-sweep",
+                                                                             "--kernel-profile"]
+    for argv, said in ((["--bench-args=--kernel-profile"], "--bench is not"),
+                       (["--bench", "--bench-args", "--rounds '2"], "No closing quotation")):
+        with pytest.raises(SystemExit):
+            gpu_slice.main(["1", str(tmp_path / "out"), "--allow-cpu", *argv])
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_slice_refuses_a_non_empty_outdir_and_unknown_pages(tmp_path):
