@@ -400,7 +400,6 @@ def percent_of_peak(results: dict, seconds: float, peak_gflops: float | None = N
     return 100 * flop / seconds / ((peak_gflops or results["matmul_peak_gflops"]) * 1e9)
 
 
-
 def batch_round_cost(results: dict) -> dict[int, float]:
     """What one round of a run batch of ``R`` runs costs, in rounds of a single run, for each ``R``
     that ``run_batch_runs_per_s`` timed: ``R x rate(1) / rate(R)`` (the rates are run-rounds per
@@ -412,6 +411,7 @@ def batch_round_cost(results: dict) -> dict[int, float]:
     if rates.get(1, 0) <= 0:
         return {}
     return {r: r * rates[1] / v for r, v in sorted(rates.items()) if v > 0}
+
 
 #: The algorithm families whose vectorized step's operator count the benchmark reports.
 STEP_FAMILIES = {
@@ -639,7 +639,6 @@ def options_sweep(config: Config, device: torch.device, rounds: int = 2, repeats
             "fastest": min(median, key=median.get)}
 
 
-
 def profile_path(device: torch.device, paths: tuple[str, ...] | None = None) -> str:
     """The path :func:`kernel_profile` profiles: the first of ``paths``, else the device's default,
     except the CPU's ``parallel``, whose workers are other processes that a profiler in this one
@@ -701,6 +700,7 @@ def kernel_profile(config: Config, device: torch.device, path: str, runs: int = 
     if cuda:
         out["kernels"], _ = rows([e for e in events if e.device_type == DeviceType.CUDA])
     return out
+
 
 def device_label(device: torch.device) -> str:
     """The device as results name it: ``cpu``, or ``cuda:0 (NVIDIA H200)``."""
@@ -859,9 +859,9 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in res.items():
         print(f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
     if args.save:
-        part = "options-sweep" if args.options_sweep else "kernel-profile" if args.kernel_profile else ""
+        part = parts[0].removeprefix("--") if parts else ""  # --record-cost is refused with --save
         variant = "-".join(filter(None, [variant_name(options), part]))
-        subfolder = "profile" if args.kernel_profile else "options"
+        subfolder = "profile" if part == "kernel-profile" else "options"
         print(f"saved {save(res, device, variant=variant, subfolder=subfolder)}")
     if args.json:
         print(json.dumps(res))

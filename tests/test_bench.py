@@ -90,7 +90,6 @@ def test_ratios_of_paths_that_were_not_timed_are_none():
         "overhead_sequential": 1.5, "speedup_vectorized": 6.0}
 
 
-
 def test_batch_round_cost_is_runs_times_one_runs_rate_over_the_batchs():
     """A batch whose rate grows with its runs (launch-bound: the runs share the step) costs about one
     round; one whose rate stays flat costs ``R`` rounds; a benchmark without a single-run timing (or
@@ -103,6 +102,7 @@ def test_batch_round_cost_is_runs_times_one_runs_rate_over_the_batchs():
         8 * 11.5 / 19.7)
     assert bench.batch_round_cost({"run_batch_runs_per_s": {"3": 6.0}}) == {}
     assert bench.batch_round_cost({}) == {}
+
 
 def test_percent_of_peak_reproduces_each_committed_benchmarks_own_figure():
     """:func:`lab.bench.percent_of_peak` applied to a committed benchmark's default round gives the
@@ -232,7 +232,6 @@ def test_a_benchmark_with_options_is_kept_apart_from_the_estimates(tmp_path, mon
     assert (per_sample, name) == (2.0 / 100, default.name)
 
 
-
 def test_the_kernel_profile_ranks_a_rounds_operators_and_is_saved_apart(tmp_path, monkeypatch, capsys):
     """``--kernel-profile`` profiles a run batch's rounds operator by operator: the operators come
     sorted by their time, their shares of the total are fractions that sum to at most 1, the
@@ -266,6 +265,7 @@ def test_the_benchmarks_parts_are_refused_together_before_any_work(tmp_path, mon
     assert exc.value.code == 2
     assert "--options-sweep and --kernel-profile each time a part" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
 
 RECORD_DP = dict(algorithm="moon_dpap", dp="record", dp_epsilon_per_round=1.0, dp_clip=0.5)
 
