@@ -200,6 +200,13 @@ class Config:
     fdl_k: int = _param(100, "FDL corrected: public number k of dimensions sent", "fdl")
     fdl_selection_share: float = _param(0.5, "FDL corrected: share of epsilon spent on selecting dimensions",
                                         "fdl")
+    fdl_noise_free: bool = _param(False, "FDL corrected: the control without noise (the same clip, encoding "
+                                  "and k; the k highest utilities, ties drawn uniformly): epsilon "
+                                  "infinite, no privacy", "fdl")
+    fdl_server_rescale: bool = _param(False, "FDL corrected: the server scales the mean of the sparse "
+                                      "reports by d / k (an unbiased estimate of the mean clipped update "
+                                      "when the k dimensions are drawn uniformly; noise scaled with it)",
+                                      "fdl")
     signds_k: float = _param(0.01, "SignDS-FL: top-k set size as a fraction kappa of the dimensions",
                              "signds_fl")
     signds_h: int = _param(100, "SignDS-FL: number h of dimensions each client reports", "signds_fl")

@@ -107,10 +107,20 @@ def needed(profile: str, pages: list[str] | None = None,
 
 
 def claims_for(profile: str, n_seeds: int | None = None) -> list[tuple[str, str, str, list[Config]]]:
-    """Every ledger claim that training settles: (paper, page, claim, the configs that decide it)."""
+    """Every ledger claim that training settles: (paper, page, claim, the configs that decide it),
+    the ``deciding`` ones (:class:`studies.common.Needs`) first."""
     from studies import claim_runs
 
-    return [(paper, page, n.claim, cs) for paper, page, n, cs in claim_runs(profile, n_seeds)]
+    found = claim_runs(profile, n_seeds)
+    found = sorted(found, key=lambda x: not x[2].deciding)
+    return [(paper, page, n.claim, cs) for paper, page, n, cs in found]
+
+
+def deciding_claims(profile: str, n_seeds: int | None = None) -> set[str]:
+    """The ``page: claim`` names of the claims an open issue names as deciding a verdict."""
+    from studies import claim_runs
+
+    return {f"{page}: {n.claim}" for _, page, n, _ in claim_runs(profile, n_seeds) if n.deciding}
 
 
 def missing(per_page: dict[str, list[Config]], root: Path | None = None) -> list[Config]:
@@ -212,13 +222,15 @@ Step = tuple[list[str], list[Config]]  # the claims a step settles, and the conf
 
 
 def order(todo: list[Config], claims: list[tuple[str, list[Config]]],
-          cost: Callable[[Config], float]) -> list[Step]:
+          cost: Callable[[Config], float], first: set[str] = frozenset()) -> list[Step]:
     """Training steps, most claims settled per unit of cost first (greedy).
 
     ``claims``: (name, the configs that decide it). A claim is settled when none of its configs is
     left to train. Each step takes the open claim whose remaining configs settle the most open
     claims (itself and every claim whose remaining configs they include) per unit of their cost, and
-    trains those configs; configs that settle no claim form the last step, longest first."""
+    trains those configs; the claims named in ``first`` (deciding a verdict an open issue names) are
+    taken before any other, in the same greedy order among themselves; configs that settle no claim
+    form the last step, longest first."""
     pending = {c.key(): c for c in todo}
     open_ = [(name, {c.key() for c in cs} & pending.keys()) for name, cs in claims]
     open_ = [(name, keys) for name, keys in open_ if keys]
@@ -226,7 +238,8 @@ def order(todo: list[Config], claims: list[tuple[str, list[Config]]],
     steps: list[Step] = []
     while open_:
         best = None
-        for _, keys in open_:
+        urgent = [(n, ks) for n, ks in open_ if n in first]
+        for _, keys in (urgent or open_):
             rem = keys - done
             settled = [n for n, ks in open_ if ks - done <= rem]
             c = sum(cost(pending[k]) for k in rem)
@@ -263,7 +276,8 @@ def claim_plan(profile: str, root: Path | None = None, kind: str | None = None,
     claims = [x for x in claims_for(profile, n_seeds) if x[1] in per_page]
     names = {f"{page}: {claim}": (paper, page, claim, cs) for paper, page, claim, cs in claims}
     rows, listed = [], set()
-    steps = order(todo, [(n, v[3]) for n, v in names.items()], _cost(per_sample, rc, gc))
+    steps = order(todo, [(n, v[3]) for n, v in names.items()], _cost(per_sample, rc, gc),
+                  deciding_claims(profile, n_seeds))
     for i, (settled, configs) in enumerate(steps):
         minutes = sum(estimate_s(c, per_sample, rc, gc) for c in configs) / 60
         pflop = flops_of(configs) / 1e15
@@ -485,7 +499,8 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
         for c in cs:
             pages_of[c.key()].append(page)
     done, skipped, settled = 0, 0, 0
-    for claim_names, configs in order(todo, claims, _cost(per_sample, rc, gc))[:steps]:
+    for claim_names, configs in order(todo, claims, _cost(per_sample, rc, gc),
+                                      deciding_claims(profile, n_seeds))[:steps]:
         complete = True
         for group in groups(configs, per_sample, rc):
             for share_left, chunk in chunks(group, max_batch, root, left_at_start):

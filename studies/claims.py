@@ -289,14 +289,23 @@ def close(
     return Finding(claim, ours, Verdict.INCONCLUSIVE, "the 95 % interval straddles the margin")
 
 
+#: How far a measured gap may lie from a published one and still count as the same effect measured
+#: loosely ("partly"): up to this factor above or below it (beyond the tolerance). A cost of 75.75
+#: points measured against a claimed 6.6 is another effect, not a loose measurement of it.
+GAP_FACTOR = 2.0
+
+
 def gap(
     claim: str, published: float, a: Sequence[float], b: Sequence[float], profile: str, tolerance: float,
     cut: str | None = None,
 ) -> Finding:
     """A published gap ``a - b`` (paired by seed). At the paper profile: reproduced when the 95 %
-    interval lies within ``published +/- tolerance``, partly when the direction holds but the
-    interval lies outside that band. At other profiles only the direction can be tested: partly
-    when it holds (the size needs the paper profile). Opposite sign: not reproduced. ``cut`` as in
+    interval lies within ``published +/- tolerance``; not reproduced when the whole interval lies above
+    :data:`GAP_FACTOR` times the claim or below the claim divided by that factor (each beyond the
+    tolerance; the latter even when the interval holds 0: the claimed effect is then excluded);
+    partly when the direction holds and the interval lies outside the band but within those factors.
+    At other profiles only the direction can be tested: partly when it holds (the size needs the
+    paper profile). Opposite sign: not reproduced. ``cut`` as in
     :func:`ordering`: away from the paper profile the direction must clear :data:`DECISIVE_MARGIN`."""
     m, lo, hi = paired_ci(a, b)
     ours = f"gap {_interval(m, lo, hi, ' pts')}, {len(a)} seeds; paper {published:+g} ± {tolerance:g}"
@@ -311,6 +320,11 @@ def gap(
     s_lo, s_hi = (lo, hi) if published >= 0 else (-hi, -lo)  # the gap in the published direction
     if s_hi < 0:
         return Finding(claim, ours, Verdict.NOT_REPRODUCED, "the gap has the opposite sign")
+    size = abs(published)
+    if profile == "paper" and s_hi < size / GAP_FACTOR - tolerance:
+        return Finding(claim, ours, Verdict.NOT_REPRODUCED,
+                       f"the whole 95 % interval lies below {1 / GAP_FACTOR:g} of the claimed {size:g} "
+                       f"(± {tolerance:g}): the claimed effect is excluded")
     if s_lo <= 0:
         return Finding(claim, ours, Verdict.INCONCLUSIVE, "the gap is inside the noise (interval contains 0)")
     if profile != "paper":
@@ -322,6 +336,11 @@ def gap(
         )
     if published - tolerance <= lo and hi <= published + tolerance:
         return Finding(claim, ours, Verdict.REPRODUCED, f"the 95 % interval lies within ±{tolerance:g}")
+    if s_lo > GAP_FACTOR * size + tolerance:
+        return Finding(claim, ours, Verdict.NOT_REPRODUCED,
+                       f"the direction holds but the size does not: the whole 95 % interval lies above "
+                       f"{GAP_FACTOR:g} times the claimed {size:g} (± {tolerance:g}), a different effect, "
+                       "not the same one measured loosely")
     if hi < published - tolerance or lo > published + tolerance:
         return Finding(
             claim, ours, Verdict.PARTLY, f"the direction holds; the size lies outside ±{tolerance:g}"

@@ -113,10 +113,13 @@ ConfigSet = dict[Hashable, list[Config]]
 class Needs:
     """A ledger claim that a page tests (its text as the page records it) and the labels of the
     page's runs (keys of its :data:`ConfigSet`, every seed of each) that decide it. The campaign
-    (:mod:`lab.campaign`) trains the runs that settle the most claims first."""
+    (:mod:`lab.campaign`) trains the runs that settle the most claims first; ``deciding`` claims (an
+    open issue names their runs as deciding a verdict: issue 63's readings and controls) before any
+    other."""
 
     claim: str
     labels: tuple[Hashable, ...]
+    deciding: bool = False
 
 
 @dataclass

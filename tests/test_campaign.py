@@ -181,6 +181,17 @@ def test_order_settles_the_most_claims_per_minute_first():
     assert sorted(x.key() for _, cs in steps for x in cs) == sorted(x.key() for x in (a, b, c, d))
 
 
+def test_order_trains_the_claims_an_issue_names_as_deciding_first():
+    """Issue 63: claims flagged ``deciding`` go before every other, however dear; the rest keep the
+    greedy order after them."""
+    a, b, c = (TINY.replace(seed=s) for s in range(3))
+    cost = {a.key(): 1.0, b.key(): 50.0, c.key(): 2.0}.__getitem__
+    claims = [("cheap", [a]), ("deciding", [b]), ("other", [c])]
+    steps = campaign.order([a, b, c], claims, lambda x: cost(x.key()), first={"deciding"})
+    assert [names for names, _ in steps] == [["deciding"], ["cheap"], ["other"]]
+    assert campaign.order([a, b, c], claims, lambda x: cost(x.key()))[0] == (["cheap"], [a])
+
+
 def test_claim_plan_lists_each_claim_with_its_step(pages, tmp_path):
     rows = campaign.claim_plan("smoke", root=tmp_path, kind="cpu")
     claim = next(r for r in rows if r["claim"] == "SCAFFOLD vs FedAvg")

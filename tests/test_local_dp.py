@@ -350,6 +350,55 @@ def test_fdl_corrected_sends_exactly_k_pairs_and_nothing_else():
     assert algo.epsilon_per_round() == pytest.approx(1.0)
 
 
+def test_corrected_fdl_without_noise_sends_the_clipped_values_of_the_highest_utilities():
+    """Issue 63's control: the same clip, encoding and k, no noise (epsilon infinite): the k values sent
+    are exactly the clipped, scaled coordinates, picked among the highest utilities; it records an
+    infinite epsilon, never a finite one."""
+    cfg, algo, up, delta, _ = encode("fdl", fdl_mode="corrected", fdl_k=30, fdl_noise_free=True,
+                                     ldp_clip=0.01, fdl_r=0.5)
+    flat = torch.cat([v.reshape(4, -1) for v in delta.values()], dim=1)
+    v = flat.clamp(-0.01, 0.01) / 0.01
+    assert (up["mask"].sum(1) == 30).all()
+    torch.testing.assert_close(up["values"][up["mask"]], v[up["mask"]], rtol=0, atol=0)
+    u = (v.abs() / 0.5).clamp(max=1.0)
+    for i in range(4):  # every sent utility is at least every unsent one
+        assert float(u[i][up["mask"][i]].min()) >= float(u[i][~up["mask"][i]].max())
+    assert algo.epsilon_per_round() == math.inf and "no privacy" in algo.mechanism
+
+
+def test_highest_k_breaks_ties_uniformly():
+    """The selection without noise: the k highest utilities; among tied maxima each is drawn with the
+    same probability (4,000 rows, 2 of 5 tied items: each count within 5 binomial standard errors of
+    2/5 of the rows), and items below the maxima come only after them."""
+    from fedlib.privacy.local import highest_k
+
+    g = generator_for(7)
+    u = torch.tensor([[1.0, 0.2, 1.0, 1.0, 0.5, 1.0, 1.0]]).expand(4000, -1)
+    picks = local.mask_of(highest_k(u, 2, g), 7).double().sum(0)
+    assert picks[1] == picks[4] == 0
+    n, p = 4000, 2 / 5
+    assert ((picks[[0, 2, 3, 5, 6]] - n * p).abs() < 5 * math.sqrt(n * p * (1 - p))).all()
+    few = highest_k(torch.tensor([[0.1, 0.9, 0.3, 0.9]]), 3, g)  # fewer maxima than k: the next one too
+    assert sorted(few[0].tolist()) == [1, 2, 3]
+
+
+def test_corrected_fdl_server_rescale_multiplies_the_mean_report_by_d_over_k():
+    """The server's d/k control: the same reports, the global model moved d/k times as far."""
+    _, plain, up, _, _ = encode("fdl", fdl_mode="corrected", fdl_k=40, fdl_noise_free=True)
+    cfg = Config(algorithm="fdl", dataset="mnist", model="mlp", clients=4, fdl_mode="corrected", fdl_k=40,
+                 fdl_noise_free=True, fdl_server_rescale=True).validate()
+    scaled = ALGORITHMS["fdl"](cfg, build_model("mlp"))
+    params = {k: torch.zeros_like(v) for k, v in build_model("mlp").named_parameters()}
+    w = torch.ones(4)
+    a, _ = plain.server_update(params, {}, up, w, RoundContext(0, params, plain.hyper(0), {}))
+    b, _ = scaled.server_update(params, {}, up, w, RoundContext(0, params, scaled.hyper(0), {}))
+    assert scaled.server_gain() == pytest.approx(79_510 / 40)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k] * (79_510 / 40))
+    with pytest.raises(ConfigError, match="control of corrected FDL"):
+        Config(algorithm="fdl", fdl_server_rescale=True).validate()
+
+
 def test_corrected_fdl_clips_and_scales_before_selecting_and_releasing():
     """Corrected FDL clips each coordinate to [-C, C] and divides by C before anything else, so the
     selection's utility (|v| at fdl_r = 0) lies in [0, 1] and the values in [-1, 1], the ranges

@@ -384,13 +384,14 @@ def test_a_claim_complete_at_paper_is_graded_there_while_its_page_renders_smalle
         result = Result(c, history, meta={"device": "cpu", "config_key": c.key()})
         result.save(result_path(c, tmp_path / "results"))
     runs, settled = settled_beyond("fdl_table1", "quick")
-    assert list(runs.results) == [0.010] and settled == [fdl_claims.ACCURACY, fdl_pages.saving_claim(0.010)]
+    assert list(runs.results) == [0.010] and settled == [fdl_claims.ACCURACY, fdl_pages.kept_claim(0.010),
+                                                         fdl_pages.saving_claim(0.010)]
     assert settled_beyond("fdl_table1", "paper")[1] == []  # at paper the page's own findings stand
     rows = larger_profile_rows(runs, "r")
     assert rows.iloc[0]["profile"] == "paper" and rows.iloc[0]["seeds"] == 3
     assert abs(rows.iloc[0]["final accuracy (%)"] - 93.1) < 1e-9
     graded = fdl_claims.table1_settled(runs, settled)
-    assert [f.profile for f in graded] == ["paper", "paper"] and graded[0].seeds == 3
+    assert [f.profile for f in graded] == ["paper"] * 3 and graded[0].seeds == 3
     quick = [Finding(fdl_claims.ACCURACY, "60 %", Verdict.INCONCLUSIVE),
              Finding("other", "x", Verdict.PARTLY)]
     merged = ledger.upgrade(quick, graded[:1])

@@ -18,6 +18,14 @@ and so does ``s``; and even without them, ``th`` draws and ``th`` values compose
 dimensions drawn by the Gumbel-top-k trick at ``eps_sel / k`` per draw (k draws:
 ``eps_sel``); Laplace noise of scale ``2k / eps_val`` on the k values (their joint L1
 sensitivity is ``2k``): ``eps_sel + eps_val = eps`` per client and round.
+
+Two controls of the repair (issue 63), to tell its design from its privacy:
+``fdl_noise_free`` runs the same clip, encoding and k without noise, the selection
+being the exponential mechanism's limit as epsilon grows (the k highest utilities, ties drawn
+uniformly); it has no privacy guarantee (epsilon infinite). ``fdl_server_rescale`` makes the server
+scale the mean report by ``d / k``: with a uniform selection the report of one client is then an
+unbiased estimate of its clipped update (sparse FedAvg without it moves ``k / d`` of that), and the
+noise grows by the same factor.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from fedlib.privacy.local import (
     fdl_corrected_epsilon,
     fdl_published_epsilon,
     gumbel_top_k_mask,
+    highest_k,
     laplace_values,
     mask_of,
 )
@@ -48,7 +57,7 @@ class Fdl(SparseUpload):
     stream = Stream.FDL
     fields = ("fdl_mode", "fdl_epsilon_per_draw", "fdl_epsilon_per_round", "ldp_clip", "fdl_r", "fdl_th",
               "fdl_k",
-              "fdl_selection_share", "secure_noise", "randomness")
+              "fdl_selection_share", "fdl_noise_free", "fdl_server_rescale", "secure_noise", "randomness")
 
     @classmethod
     def check(cls, config) -> list[str]:
@@ -65,12 +74,18 @@ class Fdl(SparseUpload):
                 errs.append("corrected FDL needs fdl_epsilon_per_round > 0, ldp_clip > 0 and fdl_k >= 1")
             if not 0 < c.fdl_selection_share < 1:
                 errs.append(f"fdl_selection_share must be in (0, 1), got {c.fdl_selection_share}")
+        for flag in ("fdl_noise_free", "fdl_server_rescale"):
+            if getattr(c, flag) and c.fdl_mode != "corrected":
+                errs.append(f"{flag} is a control of corrected FDL (fdl_mode = corrected), not of FDL as "
+                            "published")
         return errs
 
     @property
     def mechanism(self) -> str:  # type: ignore[override]
         if self.config.fdl_mode == "as_published":
             return "as published: data-dependent filter and scale, th draws and values at epsilon each"
+        if self.config.fdl_noise_free:
+            return "corrected FDL without noise (epsilon infinite: a control, no privacy)"
         return "k exponential draws (Gumbel-top-k) and discrete Laplace values, budget split"
 
     def encode(self, flat: torch.Tensor, seed: tuple[int, ...]) -> tuple[dict[str, torch.Tensor], dict]:
@@ -105,6 +120,12 @@ class Fdl(SparseUpload):
         v = flat.clamp(-c.ldp_clip, c.ldp_clip) / c.ldp_clip
         u = (v.abs() / c.fdl_r).clamp(max=1.0) if c.fdl_r > 0 else v.abs()
         g = generator_for(*seed, device=flat.device)
+        if c.fdl_noise_free:  # the control without noise: no privacy
+            mask = mask_of(highest_k(u, k, g), v.shape[1])
+            values = torch.where(mask, v, torch.zeros_like(v))
+            note(Release("fdl_corrected_without_noise", epsilon=math.inf))
+            return {"mask": mask, "values": values,
+                    "scale": torch.full((flat.shape[0],), c.ldp_clip, device=flat.device)}, {"kept_frac": 1.0}
         idx = exponential_top_k(u, self.selection_epsilon_per_draw(k), k, g)
         mask = mask_of(idx, v.shape[1])
         values, _ = discrete_laplace_values(v, mask, self.values_l1_sensitivity(k), eps_val, rng_for(*seed))
@@ -129,6 +150,12 @@ class Fdl(SparseUpload):
         """k values in ``[-1, 1]``: a replaced client can move each by 2, all together by ``2k``."""
         return 2.0 * k
 
+    def server_gain(self) -> float:
+        """``d / k`` under ``fdl_server_rescale`` (corrected FDL's control), else 1."""
+        if self.config.fdl_mode == "corrected" and self.config.fdl_server_rescale:
+            return self.dims / self.k(self.dims)
+        return 1.0
+
     # pragma: no mutate start (bytes on the wire: bookkeeping)
     def upload_bytes(self, upload) -> int:
         n = int(upload["mask"].sum())
@@ -136,6 +163,6 @@ class Fdl(SparseUpload):
     # pragma: no mutate end
 
     def epsilon_per_round(self) -> float:
-        if self.config.fdl_mode == "as_published":
+        if self.config.fdl_mode == "as_published" or self.config.fdl_noise_free:
             return math.inf
         return fdl_corrected_epsilon(*self.split())

@@ -60,9 +60,13 @@ class SparseUpload(Algorithm):
             return gparams, server_state
         p = (weights / weights.sum()).to(uploads["values"].dtype)
         decoded = uploads["values"] * uploads["scale"][:, None] if "scale" in uploads else uploads["values"]
-        avg = unflatten_like(p @ decoded, gparams)
+        avg = unflatten_like(self.server_gain() * (p @ decoded), gparams)
         lr = self.config.server_lr
         return {k: w + lr * avg[k] for k, w in gparams.items()}, server_state
+
+    def server_gain(self) -> float:
+        """What the server multiplies the mean decoded report by before adding it (1: sparse FedAvg)."""
+        return 1.0
 
     def upload_bytes(self, upload: Tree) -> int:
         """(index, value) pairs: 4 bytes per index, 4 per float32 value, 4 for a scale."""

@@ -117,6 +117,23 @@ def exponential_top_k(utility: torch.Tensor, epsilon_per_draw: float, k: int, ge
     return gumbel_top_k(logw, k, generator)
 
 
+def highest_k(utility: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    """Indices ``(m, k)``: per row the ``k`` items of highest utility, ties broken uniformly at random;
+    the limit of :func:`exponential_top_k` as epsilon grows (each draw then takes a remaining item of
+    the highest utility, uniformly). Not private: corrected FDL's control without noise."""
+    m, d = utility.shape
+    if not 0 <= k <= d:
+        raise ValueError(f"k must be in [0, {d}], got {k}")
+    u = utility.double()
+    top = u.amax(1, keepdim=True)
+    if bool(((u == top).sum(1) >= k).all()):  # enough maxima in every row: uniform among them
+        return gumbel_top_k(torch.where(u == top, 0.0, -math.inf), k, generator)
+    order = torch.rand(m, d, generator=generator, dtype=torch.float64, device=generator.device).to(u.device)
+    perm = order.argsort(1)  # a uniform order of the items, then a stable sort by utility
+    ranked = torch.sort(u.gather(1, perm), dim=1, descending=True, stable=True).indices
+    return perm.gather(1, ranked[:, :k])
+
+
 def mask_of(indices: torch.Tensor, d: int, counts: torch.Tensor | None = None) -> torch.Tensor:
     """Boolean ``(m, d)`` mask of ``indices`` ``(m, k)``; with ``counts`` only the first
     ``counts[i]`` indices of row ``i`` (ragged selections padded to a common ``k``)."""

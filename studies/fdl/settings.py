@@ -48,7 +48,21 @@ METHODS = {
     "fdl": ("FDL (as published)", dict(algorithm="fdl", fdl_mode="as_published")),
     "fdl_corrected": ("FDL (corrected)", dict(algorithm="fdl", fdl_mode="corrected")),
 }
+#: Controls of our repair (issue 63): the same clip, encoding and k, to tell its design from its
+#: privacy: without noise (no privacy), with the server's d / k rescaling, and both.
+REPAIR_CONTROLS = {
+    "fdl_corrected_noise_free": ("our repair without noise (no privacy)",
+                                 dict(algorithm="fdl", fdl_mode="corrected", fdl_noise_free=True)),
+    "fdl_corrected_rescaled": ("our repair, server rescales by d/k",
+                               dict(algorithm="fdl", fdl_mode="corrected", fdl_server_rescale=True)),
+    "fdl_corrected_noise_free_rescaled": ("our repair without noise, rescaled by d/k (no privacy)",
+                                          dict(algorithm="fdl", fdl_mode="corrected", fdl_noise_free=True,
+                                               fdl_server_rescale=True)),
+}
 COLOR_KEY = {
+    "fdl_corrected_noise_free": "moon",
+    "fdl_corrected_rescaled": "scaffold",
+    "fdl_corrected_noise_free_rescaled": "feddyn",
     "noldp": "fedavg",
     "ldp_fl": "ldp_fl",
     "signds_fl": "signds_fl",
@@ -93,6 +107,13 @@ CHOICES = [
     ),
     ("corrected FDL: k, budget split", "k = 100, half for selection, half for values", "our repair"),
     (
+        "corrected FDL: the server's aggregation",
+        "the mean of the sparse reports, unsent dimensions as 0 (no d/k rescaling)",
+        "our repair keeps FDL's sparse FedAvg; the rescaled variant is run beside it as a control",
+    ),
+    ("local epochs", 1, "not given; one pass over the client's data per round (McMahan et al.'s E = 1)"),
+    ("client fraction", 1.0, "not given; every client in every round (the paper's 100 clients)"),
+    (
         "SignDS-FL",
         "kappa = 0.01, h = 100, rho = 0.6, eta_g = 0.01",
         "MindSpore defaults for kappa, rho; h and eta_g ours (fixed step, no private step estimate)",
@@ -111,6 +132,7 @@ EPSILON_FIELD = {
     "signds_fl": "signds_epsilon_per_round",
     "fdl": "fdl_epsilon_per_draw",
     "fdl_corrected": "fdl_epsilon_per_round",
+    "fdl_corrected_rescaled": "fdl_epsilon_per_round",
 }
 
 #: The quick profile swaps the 1.66M-parameter CNN for the 79,510-parameter MLP: 40+ runs of the
@@ -138,10 +160,11 @@ SCALES = {
 def config_for(
     method: str, profile: str, seed: int = 0, partition: str = "iid", epsilon: float = 0.5, **changes
 ) -> Config:
-    """``method`` (a key of :data:`METHODS`) at nominal budget ``epsilon`` (the method's own
-    meaning, :data:`EPSILON_FIELD`) on the ``iid`` or ``noniid`` (2 shards per client) partition."""
+    """``method`` (a key of :data:`METHODS` or :data:`REPAIR_CONTROLS`) at nominal budget ``epsilon``
+    (the method's own meaning, :data:`EPSILON_FIELD`) on the ``iid`` or ``noniid`` (2 shards per
+    client) partition."""
     base = PAPER_SETTING.replace(seed=seed, partition="shards" if partition == "noniid" else partition)
-    cfg = scale_of(SCALES, profile).apply(base.replace(**METHODS[method][1]), profile)
-    if method != "noldp":
+    cfg = scale_of(SCALES, profile).apply(base.replace(**{**METHODS, **REPAIR_CONTROLS}[method][1]), profile)
+    if method in EPSILON_FIELD:
         cfg = cfg.replace(**{EPSILON_FIELD[method]: epsilon})
     return cfg.replace(**changes)
