@@ -215,6 +215,9 @@ class Config:
     # ---- data and evaluation ----------------------------------------------------------------
     train_samples: int = _param(0, "use a stratified subset of this many training samples (0 = all)")
     test_samples: int = _param(0, "evaluate on this many test samples (0 = all)")
+    validation_samples: int = _param(0, "hold out this many of the training samples (stratified) as a "
+                                     "validation set and evaluate on it instead of the test set, which "
+                                     "the run then never reads (tuning; 0 = train on all, evaluate on test)")
     eval_every: int = _param(1, "evaluate the global model every k rounds (and at the end)")
     seed: int = _param(0, "seed for data subset, partition, init, sampling and batches")
     profile: str = _param("custom", "label of the profile that produced this config")
@@ -222,13 +225,15 @@ class Config:
     # ---- derived quantities ------------------------------------------------------------
     @property
     def n_train(self) -> int:
+        """The samples the clients train on (a validation hold-out comes out of the training set)."""
         full = DATASET_SIZES.get(self.dataset, (0, 0))[0]
-        return self.train_samples or full
+        return (self.train_samples or full) - self.validation_samples
 
     @property
     def n_test(self) -> int:
+        """The samples each evaluation reads (the validation set when there is one)."""
         full = DATASET_SIZES.get(self.dataset, (0, 0))[1]
-        return self.test_samples or full
+        return self.validation_samples or self.test_samples or full
 
     @property
     def clients_per_round(self) -> int:
@@ -347,6 +352,12 @@ def _size_problems(c: Config) -> list[str]:
         errs.append(f"train_samples must be in [0, {full_train}], got {c.train_samples}")
     if not 0 <= c.test_samples <= full_test:
         errs.append(f"test_samples must be in [0, {full_test}], got {c.test_samples}")
+    if not 0 <= c.validation_samples < (c.train_samples or full_train):
+        errs.append(f"validation_samples must be in [0, {c.train_samples or full_train}), got "
+                    f"{c.validation_samples}")
+    elif c.validation_samples and c.test_samples:
+        errs.append("validation_samples evaluates on a hold-out of the training set and never reads the "
+                    "test set: test_samples must stay 0")
     if c.clients > c.n_train:
         errs.append(f"more clients ({c.clients}) than training samples ({c.n_train})")
     elif c.partition == "dirichlet" and c.clients * c.min_client_samples > c.n_train:

@@ -286,8 +286,11 @@ def stratified_subset(labels: np.ndarray, n: int, rng: np.random.Generator) -> n
 
 
 def load(name: str, *, train_samples: int = 0, test_samples: int = 0, seed: int = 0,
-         device: torch.device | str = "cpu", root: Path | None = None) -> Dataset:
-    """Fetch if needed, then return normalised tensors, optionally a stratified subset."""
+         device: torch.device | str = "cpu", root: Path | None = None,
+         validation_samples: int = 0) -> Dataset:
+    """Fetch if needed, then return normalised tensors, optionally a stratified subset. With
+    ``validation_samples``, that many of the (subset of the) training images, stratified, are held out
+    and returned in place of the test split (``x_test``, ``y_test``): the test images are not indexed."""
     root = Path(root or data_dir())
     (xtr, ytr), (xte, yte) = _raw_tensors(name, str(root))
     mean, std = _STATS[name]
@@ -297,6 +300,12 @@ def load(name: str, *, train_samples: int = 0, test_samples: int = 0, seed: int 
 
     rng = np.random.default_rng([seed, Stream.DATA_SUBSET])
     itr = torch.from_numpy(stratified_subset(ytr.numpy(), train_samples or len(ytr), rng))
+    if validation_samples:
+        vrng = np.random.default_rng([seed, Stream.VALIDATION])
+        held = stratified_subset(ytr[itr].numpy(), validation_samples, vrng)
+        keep = np.setdiff1d(np.arange(len(itr)), held)
+        iva, itr = itr[torch.from_numpy(held)], itr[torch.from_numpy(keep)]
+        return Dataset(name, norm(xtr[itr]), ytr[itr].clone(), norm(xtr[iva]), ytr[iva].clone()).to(device)
     ite = torch.from_numpy(stratified_subset(yte.numpy(), test_samples or len(yte), rng))
     return Dataset(name, norm(xtr[itr]), ytr[itr].clone(), norm(xte[ite]), yte[ite].clone()).to(device)
 

@@ -90,7 +90,8 @@ class Experiment:
         self.config, self.device = config, device
         dtype = torch.float64 if config.precision == "float64" else torch.float32
         self.data = data_mod.load(config.dataset, train_samples=config.train_samples,
-                                  test_samples=config.test_samples, seed=config.seed, device=device)
+                                  test_samples=config.test_samples, seed=config.seed, device=device,
+                                  validation_samples=config.validation_samples)
         if dtype != torch.float32:
             self.data.x_train, self.data.x_test = self.data.x_train.to(dtype), self.data.x_test.to(dtype)
         self.parts = partition(self.data.y_train.cpu().numpy(), config)

@@ -33,8 +33,9 @@ def probe_config(config: Config) -> Config:
 
     b = config.batch_size
     keep = {"clip_count_std": count_std(config)} if config.algorithm == "dp_fedavg" else {}
-    return config.replace(clients=1, train_samples=2 * b, test_samples=b, client_fraction=1.0,
-                          local_epochs=1, partition="iid", seed=0, profile="custom", **keep)
+    return config.replace(clients=1, train_samples=2 * b, test_samples=b, validation_samples=0,
+                          client_fraction=1.0, local_epochs=1, partition="iid", seed=0, profile="custom",
+                          **keep)
 
 
 @functools.lru_cache(maxsize=256)
@@ -91,7 +92,8 @@ def _round_operators(config: Config, clients: int, runs: int, steps: int) -> int
     from fedlib.experiment import Experiment, RunBatch
 
     shape = config.replace(clients=clients, train_samples=clients * config.batch_size * steps,
-                           test_samples=config.batch_size, client_fraction=1.0, local_epochs=1,
+                           test_samples=config.batch_size, validation_samples=0, client_fraction=1.0,
+                           local_epochs=1,
                            partition="iid", rounds=1, min_client_samples=1)
     batch = RunBatch([Experiment(shape.replace(seed=s), torch.device("cpu")) for s in range(runs)])
     works = [work for _, work in (e.prepare(0, off) for e, off in zip(batch.experiments, batch.offsets,

@@ -14,6 +14,7 @@ from enum import IntEnum
 
 class Stream(IntEnum):
     DATA_SUBSET = 7  # stratified subsets of the training and test data
+    VALIDATION = 9  # the validation hold-out of the training data (tuning runs)
     PARTITION = 11  # the split of the data among clients
     BATCHES = 23  # each client's minibatch order, per round
     DROPOUT = 29  # dropout masks, per round and client
@@ -28,3 +29,4 @@ class Stream(IntEnum):
     FDL = 63  # FDL's selection and Laplace noise
     RECORD_SAMPLING = 71  # record-level DP-SGD: Poisson sampling of a client's records, per step
     RECORD_NOISE = 73  # record-level DP-SGD: the Gaussian noise of each local step
+    FORMULA_NOISE = 79  # MOON-DPAP's formula in circulation: each client's noise on its update

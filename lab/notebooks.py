@@ -103,7 +103,7 @@ def parameters_of(src: Path) -> list[dict]:
     return out
 
 
-def record_timing(stem: str, wall_s: float, profile: str, run_log: Path) -> None:
+def record_timing(stem: str, wall_s: float, profile: str, run_log: Path) -> tuple[int, int]:
     """``data/timings/<stem>.json``: the notebook's wall time now, and the compute time of the
     runs behind it (their recorded durations, whether computed now or loaded from the cache),
     i.e. what the page costs from scratch on the device that computed its runs."""
@@ -125,6 +125,7 @@ def record_timing(stem: str, wall_s: float, profile: str, run_log: Path) -> None
     write_json_unless_stamps_only(timings_dir() / f"{stem}.json", payload,
                                   stamps=("wall_s", "computed_now", "cpus", "cuda", "commit"))
     run_log.unlink(missing_ok=True)
+    return payload["computed_now"], len(runs) - payload["computed_now"]
 
 
 def execute(src: Path, dst: Path, parameters: dict, kernel: str = "python3") -> None:
@@ -148,10 +149,12 @@ def execute(src: Path, dst: Path, parameters: dict, kernel: str = "python3") -> 
         tmp.unlink(missing_ok=True)
 
 
-def execute_timed(src: Path, dst: Path, parameters: dict, into_book: bool = True) -> float:
+def execute_timed(src: Path, dst: Path, parameters: dict, into_book: bool = True
+                  ) -> tuple[float, tuple[int, int] | None]:
     """:func:`execute`, with the pages writing into the book (``into_book``) or to scratch; in
-    the book, what the page cost is recorded (:func:`record_timing`). Returns seconds. At
-    ``paper`` without a GPU, the page may only read results (``FEDLIB_FORBID_TRAINING``)."""
+    the book, what the page cost is recorded (:func:`record_timing`). Returns seconds and, in the
+    book, (runs and audits computed now, reused from the store). At ``paper`` without a GPU, the
+    page may only read results (``FEDLIB_FORBID_TRAINING``)."""
     import torch
 
     env = {"FEDLIB_INTO_BOOK": "1" if into_book else "0",
@@ -176,8 +179,8 @@ def execute_timed(src: Path, dst: Path, parameters: dict, into_book: bool = True
                 os.environ[k] = v
     wall = time.time() - t0
     if log is not None:
-        record_timing(src.stem, wall, str(parameters.get("profile", "?")), log)
-    return wall
+        return wall, record_timing(src.stem, wall, str(parameters.get("profile", "?")), log)
+    return wall, None
 
 
 def _value(text: str):
@@ -227,13 +230,29 @@ def main(argv: list[str] | None = None) -> int:
     profiles = (auto_profiles([s.stem for s in sources]) if args.profile == "auto"
                 else {s.stem: args.profile for s in sources})
     out = args.out or (CHAPTERS if args.into_book else scratch_chapters())
+    computed = reused = 0
     for src in sources:
         params = {"profile": profiles[src.stem], **extra}
         params = {k: v for k, v in params.items() if k == "profile" or k in known[src.stem]}
         print(f"executing {src.name} ({params}) -> {out} ...", flush=True)
-        wall = execute_timed(src, out / src.name, params, into_book=args.into_book)
-        print(f"  done in {wall:.0f} s", flush=True)
+        wall, counts = execute_timed(src, out / src.name, params, into_book=args.into_book)
+        if counts is None:
+            print(f"  done in {wall:.0f} s", flush=True)
+            continue
+        computed, reused = computed + counts[0], reused + counts[1]
+        print(f"  done in {wall:.0f} s ({counts[0]} runs or audits computed now, {counts[1]} read back)",
+              flush=True)
+    if args.into_book:
+        print(computed_line(computed, reused), flush=True)
     return 0
+
+
+def computed_line(computed: int, reused: int) -> str:
+    """The build's last line: whether it trained or attacked anything (issue 66)."""
+    if computed == 0:
+        return (f"notebooks: computed nothing new (every one of the {reused} runs and audits the pages "
+                "read was already in data/results)")
+    return f"notebooks: computed {computed} runs and audits now, read {reused} back from data/results"
 
 
 if __name__ == "__main__":

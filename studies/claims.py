@@ -507,6 +507,56 @@ def all_of(claim: str, findings: list[Finding]) -> Finding:
     return Finding(claim, ours, first.verdict, first.reason)
 
 
+# ---- claims about an under-specified mechanism: one row per reading the text admits (issue 63) -----------
+@dataclass(frozen=True)
+class Reading:
+    """One reading of a mechanism the paper leaves unspecified: its name, the neighbouring relation
+    it protects, and the guarantee it gives (``valid`` False: none holds, say why in ``guarantee``)."""
+
+    name: str
+    relation: str
+    guarantee: str
+    valid: bool = True
+
+
+def reading_row(claim: str, reading: Reading, finding: Finding) -> Finding:
+    """``finding`` (graded under ``reading``) as the claim's row for that reading: the claim names the
+    reading, the row is scoped to it (counted apart from the evidence about the paper) and says its
+    relation and guarantee."""
+    scope = our_reading(f"{reading.name} ({reading.relation}; {reading.guarantee})")
+    return Finding(f"{claim} [reading: {reading.name}]", finding.ours, finding.verdict, finding.reason, scope,
+                   finding.profile, finding.seeds)
+
+
+def by_readings(claim: str, rows: Sequence[tuple[Reading, Finding]]) -> Finding:
+    """A claim about an under-specified mechanism, from its rows per reading: reproduced when a reading
+    with a valid guarantee reproduces it; partly when only readings without one do (the number comes
+    back, the privacy does not); not reproduced only when every admitted reading fails; otherwise
+    inconclusive, naming the readings still open."""
+    verdicts = [(r, f.verdict) for r, f in rows]
+    ours = "; ".join(f"{r.name}: {f.ours}" for r, f in rows)
+    if rows and all(v is Verdict.NOT_EVALUATED for _, v in verdicts):
+        return not_evaluated(claim, ours)
+    valid = [r.name for r, v in verdicts if v is Verdict.REPRODUCED and r.valid]
+    if valid:
+        return Finding(claim, ours, Verdict.REPRODUCED, f"reproduced under {', '.join(valid)}")
+    invalid = [r.name for r, v in verdicts if v is Verdict.REPRODUCED]
+    if invalid:
+        return Finding(claim, ours, Verdict.PARTLY,
+                       f"the number comes back only under {', '.join(invalid)}, which has no valid privacy "
+                       "guarantee; under every reading with one it does not")
+    if rows and all(v is Verdict.NOT_REPRODUCED for _, v in verdicts):
+        why = "; ".join(f"{r.name}: {f.reason}" for r, f in rows)
+        return Finding(claim, ours, Verdict.NOT_REPRODUCED,
+                       f"not reproduced under any of the {len(rows)} readings the text admits ({why})")
+    open_ = [r.name for r, v in verdicts if v is not Verdict.NOT_REPRODUCED]
+    failed = [r.name for r, v in verdicts if v is Verdict.NOT_REPRODUCED]
+    return Finding(claim, ours, Verdict.PARTLY if any(v is Verdict.PARTLY for _, v in verdicts)
+                   else Verdict.INCONCLUSIVE,
+                   f"open under {', '.join(open_)}"
+                   + (f"; fails under {', '.join(failed)}" if failed else ""))
+
+
 def sanity(claim: str, ours: str, why: str) -> Finding:
     return Finding(claim, ours, Verdict.SANITY, why)
 

@@ -236,6 +236,7 @@ class _R:
 
         self.config = Config(seed=seed)
         self.final = {"test_acc": acc / 100, "test_loss": 1.0, **final}
+        self.history = [dict(self.final)]
 
 
 def _runs(table: dict) -> Runs:
@@ -255,7 +256,7 @@ def test_moon_dpap_fig1_rules():
     }
     f = {x.claim: x for x in mc.fig1(_runs(good), "quick", 80.0)}
     assert f["MOON-DPAP is the best of the six methods"].verdict is V.REPRODUCED
-    assert f["MOON-DPAP is 4.7 points above FedAvg"].verdict is V.PARTLY  # direction at quick
+    assert f[mc.ABOVE_FEDAVG].verdict is V.PARTLY  # direction at quick
     assert f["MOON is close to FedAvg"].verdict is V.REPRODUCED
     assert f["Ditto is close to FedAvg"].verdict is V.SANITY
     assert f["MOON-DPAP reaches 83.6 % accuracy (loss 0.44)"].verdict is V.INCONCLUSIVE
@@ -458,9 +459,11 @@ def test_moon_dpap_claims_settled_at_paper_are_graded_on_those_runs_alone():
     with pytest.raises(KeyError):  # a claim whose runs are not there cannot be graded
         mc.fig1_settled(fig1, [mc.BEST])
     fig2 = _runs({"moon_dpap": [83.0, 84.0, 83.5], "moon_dpap (DP, eq. 5 schedule)": [10.0, 10.2, 9.9]})
-    at_chance, cost = mc.fig2_settled(fig2, [mc.WITH_DP, mc.DP_COST], 120.0, 10.0, 5e4)
-    assert at_chance.verdict is V.NOT_REPRODUCED and "chance" in at_chance.ours and at_chance.scope
-    assert cost.claim == mc.DP_COST and cost.profile == "paper" and cost.scope  # our reading of the DP
+    central = mc.reading_claim(mc.CENTRAL)
+    at_chance, row, cost = mc.fig2_settled(fig2, [mc.WITH_DP, central, mc.DP_COST], 120.0, 10.0, 5e4)
+    assert at_chance.verdict is V.NOT_REPRODUCED and "chance" in at_chance.ours and not at_chance.scope
+    assert row.claim == central and row.scope and row.profile == "paper"  # a reading's row: our reading
+    assert cost.claim == mc.DP_COST and cost.profile == "paper" and cost.verdict is V.NOT_REPRODUCED
 
 
 def test_fdl_fig3_claims_settled_at_paper_are_graded_on_those_runs_alone():
@@ -527,3 +530,46 @@ def test_moon_dpap_table1_accuracies_at_20_clients_settle_with_fig1s_runs():
     assert f.claim == mc.TABLE1_NUMBERS and f.verdict is V.REPRODUCED and f.profile == "paper"
     with pytest.raises(KeyError, match="10 clients"):
         mc.table1_settled(at20, [mc.BEST_AT_10])
+
+
+def test_a_claim_with_two_readings_of_which_one_reproduces_is_not_graded_not_reproduced():
+    """Issue 63: a claim about an under-specified mechanism is not reproduced only when every reading
+    the text admits fails; one valid reading that reproduces it makes it reproduced, one without a
+    valid guarantee only partly; each reading's row names it and is scoped to it."""
+    ok = c.Finding("x", "77.1 %", V.REPRODUCED, "within")
+    bad = c.Finding("x", "10 %", V.NOT_REPRODUCED, "at chance")
+    valid = c.Reading("a", "add/remove one record", "DP")
+    invalid = c.Reading("b", "none", "no guarantee", False)
+    assert c.by_readings("x", [(valid, bad), (valid, ok)]).verdict is V.REPRODUCED
+    mixed = c.by_readings("x", [(c.Reading("central", "replace one", "DP"), bad), (invalid, ok)])
+    assert mixed.verdict is V.PARTLY and "no valid privacy guarantee" in mixed.reason
+    assert c.by_readings("x", [(valid, bad), (invalid, bad)]).verdict is V.NOT_REPRODUCED
+    open_ = c.by_readings("x", [(valid, bad), (invalid, c.Finding("x", "?", V.INCONCLUSIVE))])
+    assert open_.verdict is V.INCONCLUSIVE
+    assert "open under b" in open_.reason and "fails under a" in open_.reason
+    row = c.reading_row("x", invalid, ok)
+    assert row.claim == "x [reading: b]" and "no guarantee" in row.scope and row.verdict is V.REPRODUCED
+
+
+def test_moon_dpap_fig2_is_graded_under_each_reading():
+    """Fig. 2's "with DP ... 77 %": client-level at chance and record-level at chance, but the formula
+    in circulation at 77 %: partly (the number returns only without a valid guarantee), never
+    "not reproduced"; every reading has its own row."""
+    from studies.moon_dpap import claims as mc
+    from studies.moon_dpap import pages as mp
+
+    table = {"moon_dpap": [87.0, 86.5, 87.5], mp.CENTRAL: [10.0, 10.2, 9.9],
+             mp.RECORD_TUNED_LABEL: [11.0, 12.0, 10.5], mp.FORMULA: [77.2, 76.8, 77.5]}
+    rules = mc._fig2_rules(_runs(table), "paper", 8.0, 10.0, 250.0, 20)
+    summary = rules[mc.WITH_DP]()
+    assert summary.verdict is V.PARTLY and "the formula in circulation" in summary.reason
+    assert not summary.scope  # the claim's own row is evidence about the paper
+    rows = {claim: rule() for claim, rule in rules.items() if "[reading: " in claim}
+    assert len(rows) == 4 and all(f.scope for f in rows.values())
+    assert rows[f"{mc.WITH_DP} [reading: client-level local]"].verdict is V.NOT_REPRODUCED
+    assert rows[f"{mc.WITH_DP} [reading: the formula in circulation]"].verdict is V.REPRODUCED
+    cost = rules[mc.DP_COST]()  # 77 points under the central reading: sized, not "partly"
+    assert cost.verdict is V.INCONCLUSIVE and "open under the formula in circulation" in cost.reason
+    only_central = mc._fig2_rules(_runs({k: v for k, v in table.items() if k != mp.FORMULA and
+                                         k != mp.RECORD_TUNED_LABEL}), "paper", 8.0, 10.0, 250.0, 20)
+    assert only_central[mc.DP_COST]().verdict is V.NOT_REPRODUCED

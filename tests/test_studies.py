@@ -407,3 +407,51 @@ def test_a_claim_complete_at_paper_is_graded_there_while_its_page_renders_smalle
     ledger.record("fdl_table1", merged, "quick", "FDL", seeds=3, root=tmp_path / "verdicts")
     table = ledger.collect(tmp_path / "verdicts")
     assert list(table["profile"]) == ["paper", "quick"] and list(table["seeds"]) == [3, 3]
+
+
+def test_the_record_level_tuning_grid_never_reads_the_test_set(monkeypatch, tmp_path):
+    """Issue 63: every grid run holds out a validation split of the training images and evaluates on
+    it; the test split is never indexed (here it raises on any access) and the grid's runs train."""
+    from fedlib import data as data_mod
+    from fedlib.run import run
+    from studies.moon_dpap import pages as mp
+
+    class Untouchable:
+        def __getattr__(self, name):
+            raise AssertionError(f"the tuning grid read the test set ({name})")
+
+        def __getitem__(self, i):
+            raise AssertionError("the tuning grid read the test set")
+
+    real = data_mod._raw_tensors
+
+    def no_test(name, root):
+        train, _ = real(name, root)
+        return train, (Untouchable(), Untouchable())
+
+    monkeypatch.setattr(data_mod, "_raw_tensors", no_test)
+    grid = mp.record_grid("smoke")
+    assert len(grid) == len(mp.RECORD_GRID["lr"]) * len(mp.RECORD_GRID["dp_clip"])
+    for label, (cfg,) in grid.items():
+        assert cfg.validation_samples > 0 and cfg.test_samples == 0 and label[0] == "grid"
+    cfg = next(iter(grid.values()))[0].replace(rounds=1)
+    result = run(cfg, root=tmp_path, progress=False, device="cpu")
+    assert 0.0 <= result.final["test_acc"] <= 1.0
+    with pytest.raises(AssertionError, match="read the test set"):
+        data_mod.load(cfg.dataset, train_samples=cfg.train_samples, seed=0)  # a plain run would
+
+
+def test_the_stated_record_level_choice_is_the_committed_grids_best():
+    """The tuned (lr, C) that the record-level runs use is the committed grid's highest validation
+    accuracy: a stale choice (the grid rerun, the choice not updated) fails here."""
+    from fedlib.results import REPO_ROOT, load_cached
+    from studies.common import Runs
+    from studies.moon_dpap import pages as mp
+    from studies.moon_dpap import settings as ms
+
+    root = REPO_ROOT / "data" / "results"
+    found = {label: [load_cached(c, [root]) for c in cs] for label, cs in mp.record_grid("quick").items()}
+    assert all(r is not None for rs in found.values() for r in rs), "the tuning grid must be committed"
+    table = mp.grid_table(Runs(found))
+    assert len(table) == len(ms.RECORD_GRID["lr"]) * len(ms.RECORD_GRID["dp_clip"])
+    assert mp.grid_choice(table) == (ms.RECORD_TUNED["lr"], ms.RECORD_TUNED["dp_clip"])

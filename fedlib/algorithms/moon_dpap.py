@@ -46,6 +46,21 @@ client (:mod:`fedlib.privacy.dpsgd`), which protects one training example agains
   - everything after the client's steps (the update, pruning, the server's sample-weighted
     average) is post-processing; the noise is floating-point Gaussian (``torch.randn``), the
     idealised mechanism that DP-SGD libraries implement.
+
+``dp="formula"`` is the recipe in circulation (issue 63), run as widely copied implementations run
+it, and labelled with what it guarantees (nothing composed):
+
+  - each client trains on its usual minibatches with every per-sample gradient clipped to
+    ``C`` (``dp_clip``), averaged over the batch, no noise;
+  - after its local steps it adds ``N(0, sigma_t^2)`` to every coordinate of its update, with the
+    paper's eq. 4 ``sigma_t = Delta_f sqrt(2 ln(1.25 / delta)) / epsilon_t``, eq. 5's
+    ``epsilon_t = epsilon_0 (1 - t / T)`` and ``Delta_f = 2 lr_t C / n_i``;
+  - that ``Delta_f`` bounds what one record changes in ONE full-batch gradient step of a client
+    with ``n_i`` records; a round here takes ``ceil(n_i / B)`` steps on batches of ``B``, where one
+    record moves one step by up to ``2 lr_t C / B`` and every later step through the model, and the
+    T rounds are never composed. So the run has no valid (epsilon, delta) guarantee: it records
+    none (:meth:`MoonDpap.guarantee`), and the round's nominal epsilon is kept as a diagnostic only;
+  - the aggregation stays sample-weighted (no client-level sensitivity is claimed).
 """
 
 from __future__ import annotations
@@ -59,17 +74,24 @@ from fedlib import pruning, schedules
 from fedlib.algorithms.base import Params, RoundContext
 from fedlib.algorithms.moon import Moon
 from fedlib.config import Config
-from fedlib.privacy.accounting import calibrate_rdp, gaussian_sigma, rdp_epsilon
+from fedlib.privacy.accounting import calibrate_rdp, classic_gaussian_sigma, gaussian_sigma, rdp_epsilon
 from fedlib.privacy.central import ROUNDS_AHEAD, noisy_one, noisy_sum, prefetch_noisy_sum
 from fedlib.privacy.clipping import clip_by_l2
 from fedlib.privacy.dpsgd import private_grad
 from fedlib.privacy.ghost import private_grad_ghost
 from fedlib.privacy.guarantee import GaussianEvent, Guarantee, Relation
-from fedlib.privacy.noise import StepNoise
+from fedlib.privacy.noise import StepNoise, generator_for
 from fedlib.streams import Stream
 from fedlib.tree import Tree
 
-DP_MODES = ("none", "central", "local", "record")
+DP_MODES = ("none", "central", "local", "record", "formula")
+
+
+def formula_sigma(lr: float, clip: float, n: int, epsilon: float, delta: float) -> float:
+    """The formula in circulation: the std of the noise each client adds to its update, eq. 4 with
+    ``Delta_f = 2 lr C / n`` (what one record changes in one full-batch gradient step of a client
+    with ``n`` records, per-sample gradients clipped to ``C``)."""
+    return 2.0 * lr * clip / n * classic_gaussian_sigma(epsilon, delta)
 
 
 def record_schedule(n: int, batch_size: int, epochs: int) -> tuple[float, int]:
@@ -99,7 +121,7 @@ def record_noise_multiplier(config: Config, sizes: list[int]) -> tuple[float, fl
 def noise_multipliers(config: Config) -> list[float]:
     """``z_t`` for every round t = 0..T-1 (noise std = z_t x sensitivity), client-level modes."""
     c, total = config, config.rounds
-    if c.dp in ("none", "record"):
+    if c.dp in ("none", "record", "formula"):  # formula: eq. 4 on its own Delta_f (formula_sigma)
         return []
     if c.dp_schedule == "constant":
         return [calibrate_rdp(c.dp_epsilon_total, c.dp_delta, total)] * total
@@ -138,9 +160,9 @@ class MoonDpap(Moon):
         # pragma: no mutate end
         if c.dp_grad not in ("per_sample", "ghost"):
             errs.append(f"dp_grad must be per_sample or ghost, got {c.dp_grad!r}")
-        elif c.dp_grad == "ghost" and c.dp != "record":
+        elif c.dp_grad == "ghost" and c.dp not in ("record", "formula"):
             errs.append("dp_grad = ghost is how record-level DP-SGD computes its clipped sum: it needs "
-                        "dp = record")
+                        "dp = record (or formula)")
         elif c.dp_grad == "ghost" and c.precision == "bfloat16":
             errs.append("dp_grad = ghost needs precision float32 or float64 (its hooks add float "
                         "perturbations to the layers' outputs)")
@@ -161,6 +183,9 @@ class MoonDpap(Moon):
             if c.dp == "record" and c.dp_schedule != "constant":
                 errs.append("record-level DP (dp = record) spends dp_epsilon_total: it needs "
                             "dp_schedule = constant")
+            if c.dp == "formula" and c.dp_schedule != "paper":
+                errs.append("the formula in circulation (dp = formula) follows eq. 5: it needs "
+                            "dp_schedule = paper")
             if c.client_fraction < 1:
                 errs.append("MOON-DPAP's DP assumes every client in every round (client_fraction = 1), as "
                             "in the paper: the number of clients is the public denominator")
@@ -195,12 +220,20 @@ class MoonDpap(Moon):
                          sensitivity=self.config.dp_clip)
 
     def loss_and_grad(self, params, batch, sstate, cstate, ctx):
-        if self.config.dp != "record":
+        if self.config.dp not in ("record", "formula"):
             return super().loss_and_grad(params, batch, sstate, cstate, ctx)
         batch = {**batch, **self.frozen_reprs(batch, cstate, ctx)}  # once per batch, not per sample
 
         def loss(p, b):
             return self.loss(p, b, sstate, cstate, ctx)
+
+        if self.config.dp == "formula":  # per-sample clipping, averaged over the real samples; no noise
+            zero = {k: torch.zeros_like(v) for k, v in params.items()}
+            grad = private_grad_ghost if self.config.dp_grad == "ghost" else None
+            summed, mean_loss = (grad(self.model, loss, params, batch, self.config.dp_clip, 1.0, zero) if grad
+                                 else private_grad(loss, params, batch, self.config.dp_clip, 1.0, zero))
+            n = batch["w"].sum().clamp_min(1.0)
+            return {k: v / n for k, v in summed.items()}, mean_loss
 
         if self.config.dp_grad == "ghost":  # the same clipped sum without per-sample fc gradients
             return private_grad_ghost(self.model, loss, params, batch, self.config.dp_clip,
@@ -216,6 +249,9 @@ class MoonDpap(Moon):
         schedule = {"lr": lr, "tau": schedules.linear_down(t, c.moon_tau, c.tau_min, self.tau_slope),
                     "mu": schedules.linear_up(t, c.moon_mu, c.mu_max, self.mu_slope)}
         # pragma: no mutate end
+        if self.config.dp == "formula":  # eq. 5's nominal epsilon of the round (eq. 4 takes it)
+            schedule["epsilon_nominal"] = schedules.epsilon_schedule(t, total, c.dp_epsilon_per_round,
+                                                                     c.dp_eps_floor)
         return {**super().hyper(t), **schedule,
                 "noise_multiplier": self.z[t] if self.z else (self.record or {}).get("sigma", 0.0)}
 
@@ -230,6 +266,17 @@ class MoonDpap(Moon):
         return {"masks": server_state["masks"]} if "masks" in server_state else {}
     # pragma: no mutate end
 
+    # ---- the formula in circulation counts the samples its client trained on (its n_i) ------
+    def client_init(self, cstate: Tree, ctx: RoundContext) -> Tree:
+        s = super().client_init(cstate, ctx)
+        return {**s, "samples": s["steps"]} if self.config.dp == "formula" else s
+
+    def client_step(self, sstate: Tree, batch, cstate: Tree, ctx: RoundContext) -> Tree:
+        s = super().client_step(sstate, batch, cstate, ctx)
+        if self.config.dp != "formula":
+            return s
+        return {**s, "samples": sstate["samples"] + batch["w"].sum().to(sstate["samples"].dtype)}
+
     # ---- client: mask, then clip --------------------------------------------------------
     def client_final(self, sstate: Tree, cstate: Tree, ctx: RoundContext):
         upload, new_cstate, metrics = super().client_final(sstate, cstate, ctx)
@@ -239,14 +286,21 @@ class MoonDpap(Moon):
         if self.config.dp in ("central", "local"):
             delta, norm = clip_by_l2(delta, self.config.dp_clip)
             metrics["update_norm"] = norm
+        if self.config.dp == "formula":  # n_i for the release: E n_i samples were trained on
+            n = sstate["samples"] / self.config.local_epochs
+            return {"delta": delta, "samples": n}, new_cstate, metrics
         return {"delta": delta}, new_cstate, metrics
 
     def releases_locally(self) -> bool:
-        return self.config.dp == "local"
+        return self.config.dp in ("local", "formula")
 
     def release(self, upload: Tree, client: int, ctx: RoundContext) -> tuple[Tree, dict[str, float]]:
         """Local mode: the client adds N(0, (2 z_t C)^2) to its clipped update (on the kept
-        coordinates when pruning; the mask is public) before anything leaves it."""
+        coordinates when pruning; the mask is public) before anything leaves it. The formula in
+        circulation: N(0, sigma_t^2) on every coordinate, :func:`formula_sigma` (float noise, as the
+        implementations that use it draw it; kept coordinates only when pruning)."""
+        if self.config.dp == "formula":
+            return self.formula_release(upload, client, ctx)
         if self.config.dp != "local":
             return upload, {}
         c = self.config
@@ -255,6 +309,20 @@ class MoonDpap(Moon):
         noised = noisy_one(one, c.dp_clip, ctx.hyper["noise_multiplier"], seed, c.secure_noise,
                            ctx.shared.get("masks"))
         return {"delta": noised}, {}
+
+    def formula_release(self, upload: Tree, client: int, ctx: RoundContext) -> tuple[Tree, dict[str, float]]:
+        c = self.config
+        n = round(float(upload["samples"]))
+        sigma = formula_sigma(ctx.hyper["lr"], c.dp_clip, n, ctx.hyper["epsilon_nominal"], c.dp_delta)
+        device = next(iter(upload["delta"].values())).device
+        g = generator_for(*self.noise_seed(Stream.FORMULA_NOISE, ctx.t, client), device=device)
+        masks = ctx.shared.get("masks")
+        out = {}
+        for k, v in upload["delta"].items():
+            noise = sigma * torch.randn(v.shape, generator=g, dtype=torch.float64, device=g.device)
+            noise = noise.to(v.device, v.dtype)
+            out[k] = v + (noise * masks[k] if masks is not None else noise)
+        return {"delta": out}, {"formula_sigma": sigma}
 
     # ---- server ---------------------------------------------------------------------------
     def prefetch_server_noise(self, ctx):
@@ -277,7 +345,7 @@ class MoonDpap(Moon):
 
     def server_update(self, gparams, server_state, uploads, weights, ctx):
         c = self.config
-        if c.dp in ("none", "record"):  # record: the uploads are already private (post-processing)
+        if c.dp in ("none", "record", "formula"):  # record: the uploads are already private
             new, _ = super().server_update(gparams, server_state, uploads, weights, ctx)
         else:
             if c.dp == "central":
@@ -298,7 +366,7 @@ class MoonDpap(Moon):
 
     # ---- privacy ----------------------------------------------------------------------------
     def guarantee(self) -> Guarantee | None:
-        if self.config.dp == "none":
+        if self.config.dp in ("none", "formula"):  # formula: no valid guarantee (module docstring)
             return None
         if self.config.dp == "record":
             return Guarantee("record", Relation.ADD_REMOVE, "local", self.config.dp_delta,
@@ -342,5 +410,7 @@ class MoonDpap(Moon):
             out["noise_multiplier"] = self.z[ctx.t]
         if self.record is not None:
             out["noise_multiplier"] = self.record["sigma"]
+        if self.config.dp == "formula":
+            out["epsilon_nominal"] = h["epsilon_nominal"]
         return out
     # pragma: no mutate end

@@ -75,6 +75,25 @@ CHOICES = [
     ("DP: clip norm C", 0.5, "not given (Delta_f); sensitivity shown in the frontier notebook"),
     ("DP: delta", 1e-5, "not given; << 1 / number of clients"),
     ("DP: epsilon_0", 1.0, "not given"),
+    (
+        "DP: aggregation",
+        "client-level DP: unweighted mean over the 20 clients; record-level and the formula in "
+        "circulation: sample-weighted, as without DP",
+        "a sample-weighted mean's sensitivity would depend on the private client sizes; record-level "
+        "noise is added inside each client, so the server's weights are post-processing",
+    ),
+    (
+        "DP: record-level learning rate and clip",
+        "tuned on a validation split (the record-level tuning grid on the Fig. 2 page)",
+        "lr 0.005 with per-sample gradients clipped to C = 1 barely trains in the quick runs",
+    ),
+    (
+        "DP: the formula in circulation",
+        "per-sample clip C = 10, eq. 4 noise with Delta_f = 2 lr C / n_i on each client's update, eq. 5 "
+        "schedule, epsilon_0 = 1",
+        "what widely copied implementations of these equations do (their default clip is 10); no valid "
+        "guarantee",
+    ),
 ]
 
 #: Published numbers (accuracy in %, loss).
@@ -96,6 +115,18 @@ PAPER = {
         "no_all_three": (78.77, 0.53),
     },
 }
+
+#: Record-level DP-SGD tuned for clipped gradients (issue 63): a grid of (lr, C) at a reduced scale,
+#: each run trained on the quick profile's training images less a stratified validation hold-out and
+#: evaluated on that hold-out only (the test set is never read), at the total epsilon the page states,
+#: seed 0. eta_min of eq. 1 stays one tenth of lr. The first grid (lr up to 0.2, C up to 5) peaked at
+#: its corner (lr 0.2, C 5), so it was extended once by one value on each axis.
+RECORD_GRID = {"lr": (0.005, 0.02, 0.05, 0.1, 0.2, 0.5), "dp_clip": (0.1, 1.0, 5.0, 20.0)}
+RECORD_GRID_EPSILON = 10.0
+RECORD_VALIDATION = 1_000
+#: The grid's choice: its highest validation accuracy (tests/test_studies.py checks it against the
+#: committed grid).
+RECORD_TUNED = {"lr": 0.2, "dp_clip": 5.0}
 
 ABLATIONS = {
     "full": {},
