@@ -337,8 +337,29 @@ def _generic_problems(c: Config) -> list[str]:
     if c.randomness not in ("seeded", "secret"):
         errs.append(f"randomness must be seeded or secret, got {c.randomness!r}")
     errs.extend(_size_problems(c))
+    errs.extend(ownership_problems(c))
     if c.algorithm in _ALGORITHM_CHECKS:
         errs.extend(_ALGORITHM_CHECKS[c.algorithm](c))
+    return errs
+
+
+def owners_of(name: str) -> list[str]:
+    """The algorithms that read field ``name`` (its ``owner`` metadata); empty for a field every run reads."""
+    owner = next(f for f in dataclasses.fields(Config) if f.name == name).metadata.get("owner", "")
+    return [a for a in owner.split(",") if a]
+
+
+def ownership_problems(c: Config) -> list[str]:
+    """A field set away from its default that ``c.algorithm`` does not read: asked for, silently
+    ignored (``--algorithm fedavg --dp record`` would train without any privacy). Refused, naming the
+    field and the algorithms that read it (issue 65)."""
+    errs = []
+    defaults = _defaults()
+    for f in dataclasses.fields(c):
+        owners = owners_of(f.name)
+        if owners and c.algorithm not in owners and getattr(c, f.name) != defaults[f.name]:
+            errs.append(f"{f.name} = {getattr(c, f.name)!r} is a setting of {', '.join(owners)}; "
+                        f"{c.algorithm} does not read it (remove it, or choose one of those algorithms)")
     return errs
 
 

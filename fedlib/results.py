@@ -36,7 +36,24 @@ def results_dir() -> Path:
     return Path(os.environ.get("FEDLIB_RESULTS_DIR", REPO_ROOT / "data" / "results"))
 
 
+def process_umask() -> int:
+    """The process's file-creation mask, read without changing it (``/proc/self/status`` on Linux;
+    elsewhere set and restored at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """``data`` written to ``path`` through a temporary file in the same folder, synced, then renamed:
+    a reader sees the old file or the new one, never part of one. The file gets the permissions any
+    file created by this process gets (0666 less its umask), not the temporary file's 0600."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -44,6 +61,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~process_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -69,21 +87,19 @@ def write_json_unless_stamps_only(path: Path, payload: dict, stamps: tuple[str, 
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    """``torch.save`` to a temporary file, then renamed: a failed write (a full disk) leaves the
-    previous file as it was, and says so as an ``OSError`` naming the file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    """``torch.save`` into memory, then :func:`atomic_write_bytes`: a failed write (a full disk) leaves
+    the previous file as it was, and says so as an ``OSError`` naming the file. Saved from a buffer,
+    the archive records no file name, so the same object gives the same bytes (identical runs,
+    identical model files)."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
     try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except (RuntimeError, OSError) as e:
-        Path(tmp).unlink(missing_ok=True)
+        atomic_write_bytes(path, buffer.getvalue())
+    except OSError as e:
         raise OSError(f"could not write {path} ({' '.join(str(e).split())[:200]}; is the disk full?); "
                       "the previous file, if any, is unchanged") from e
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def check_writable(folders: list[Path], need_bytes: int = 0) -> None:
@@ -169,6 +185,44 @@ def run_seconds(meta: dict[str, Any]) -> float:
     return float(meta.get("duration_s") or 0.0) / max(1, len(meta.get("run_batch") or ()))
 
 
+# ---- valid JSON: non-finite numbers as null, with what each was (issue 65) ---------------------------
+def encode_nonfinite(d: dict[str, Any]) -> dict[str, Any]:
+    """``d`` (a result's config, history and meta) as valid JSON: every non-finite float of its history
+    and meta becomes ``null``, and ``d["nonfinite"]`` records what each was (``{"history/12/train_loss":
+    "nan"}``); nothing when there is none. A diverged run's NaN losses and FDL as published's infinite
+    epsilon are such values."""
+    found: dict[str, str] = {}
+
+    def walk(x, path):
+        if isinstance(x, dict):
+            return {k: walk(v, f"{path}/{k}") for k, v in x.items()}
+        if isinstance(x, list):
+            return [walk(v, f"{path}/{i}") for i, v in enumerate(x)]
+        if isinstance(x, float) and not math.isfinite(x):
+            found[path] = "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+            return None
+        return x
+
+    out = {k: (walk(v, k) if k in ("history", "meta") else v) for k, v in d.items() if k != "nonfinite"}
+    if found:
+        out["nonfinite"] = found
+    return out
+
+
+def decode_nonfinite(d: dict[str, Any]) -> dict[str, Any]:
+    """The values :func:`encode_nonfinite` wrote as ``null``, back in place (``d`` is changed)."""
+    for path, what in (d.get("nonfinite") or {}).items():
+        *parents, last = path.split("/")
+        node = d
+        for p in parents:
+            node = node[int(p)] if isinstance(node, list) else node[p]
+        if isinstance(node, list):
+            node[int(last)] = float(what)
+        else:
+            node[last] = float(what)
+    return d
+
+
 @dataclass
 class Result:
     """A finished run: its config, per-round history and provenance."""
@@ -188,17 +242,21 @@ class Result:
         return pd.DataFrame(self.history)
 
     def to_json(self) -> str:
-        """The result file's text, with the content hash of what it holds (``meta.content_sha256``)."""
-        d = {"config": self.config.to_dict(), "history": self.history, "meta": dict(self.meta)}
+        """The result file's text, valid JSON (:func:`encode_nonfinite`), with the content hash of
+        what it holds (``meta.content_sha256``)."""
+        meta = {k: v for k, v in self.meta.items() if k != "content_sha256"}
+        d = encode_nonfinite({"config": self.config.to_dict(), "history": self.history, "meta": meta})
         d["meta"]["content_sha256"] = content_hash(d)
-        return json.dumps(d, indent=1)
+        return json.dumps(d, indent=1, allow_nan=False)
 
     @classmethod
     def load(cls, path: Path, expect: Config | None = None) -> Result:
         """The result at ``path``, verified: a JSON object with config, history and meta; its file
         name and ``meta.config_key`` are its config's key (and that config is ``expect`` when given);
-        its content hash matches what it holds (an edit by hand shows). Anything else is an
-        :class:`InvalidResultFile` with a one-line reason."""
+        its content hash matches what it holds. Anything else is an :class:`InvalidResultFile` with a
+        one-line reason. The hash catches accidental damage (a truncated or altered file, an edit
+        that forgot it); it cannot catch a deliberate edit that recomputes it: ``python -m
+        lab.reproduce`` retrains committed results and says which still come back."""
         path = Path(path)
         try:
             d = json.loads(path.read_bytes())
@@ -220,6 +278,7 @@ class Result:
         if d["meta"].get("content_sha256") != content_hash(d):
             raise InvalidResultFile(path, "its content hash does not match (edited by hand, or written by "
                                           "older code: python -m lab.migrate adds it)")
+        d = decode_nonfinite(d)
         return cls(config, d["history"], d["meta"], path)
 
     def save(self, path: Path) -> None:
@@ -241,17 +300,29 @@ def content_hash(d: dict[str, Any]) -> str:
     """SHA-256 of a result's config, history and meta (less the hash itself), as canonical JSON:
     what :meth:`Result.load` checks."""
     meta = {k: v for k, v in d["meta"].items() if k != "content_sha256"}
-    payload = json.dumps({"config": d["config"], "history": d["history"], "meta": meta}, sort_keys=True)
+    body = {"config": d["config"], "history": d["history"], "meta": meta}
+    if d.get("nonfinite"):  # valid JSON: what each null of history and meta was (encode_nonfinite)
+        body["nonfinite"] = d["nonfinite"]
+    payload = json.dumps(body, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
 def set_aside(path: Path, reason: str) -> Path:
     """Move a result file that does not verify out of the way (never delete it) to
-    ``<its folder>/rejected/<name>.<UTC time>``, with a one-line warning on stderr; returns where."""
+    ``<its folder>/rejected/<name>.<UTC time>[.<n>]``, with a one-line warning on stderr; returns
+    where. Names never collide: a second file set aside within the same second gets ``.1``, ``.2``..."""
     path = Path(path)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    target = path.parent / "rejected" / f"{path.name}.{stamp}"
-    target.parent.mkdir(parents=True, exist_ok=True)
+    folder = path.parent / "rejected"
+    folder.mkdir(parents=True, exist_ok=True)
+    for n in range(10_000):
+        target = folder / (f"{path.name}.{stamp}" + (f".{n}" if n else ""))
+        try:  # claim the name atomically (another process may be setting a file aside too)
+            fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        break
     os.replace(path, target)
     print(f"warning: {path.name} set aside to {target} ({reason}); it will be recomputed", file=sys.stderr)
     return target

@@ -81,6 +81,49 @@ def _validate_engine(engine: str, device: torch.device, checkpoint_every: int) -
     return path
 
 
+def _leaves(tree, prefix: str = "") -> list[tuple[str, object]]:
+    """(path, leaf) of a nested dict/list state, in a fixed order."""
+    if isinstance(tree, dict):
+        return [x for k in sorted(tree, key=str) for x in _leaves(tree[k], f"{prefix}/{k}")]
+    if isinstance(tree, (list, tuple)):
+        return [x for i, v in enumerate(tree) for x in _leaves(v, f"{prefix}/{i}")]
+    return [(prefix, tree)]
+
+
+def state_digest(state: dict) -> str:
+    """SHA-256 of a training state: every tensor's path, dtype, shape and bytes, and every other
+    value's path and repr, in a fixed order. A checkpoint carries it; a resume recomputes it, so a
+    tensor changed in place (same shape) is caught, not trained on."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path, leaf in _leaves(state):
+        h.update(path.encode())
+        if isinstance(leaf, torch.Tensor):
+            t = leaf.detach().cpu().contiguous()
+            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            h.update(repr(leaf).encode())
+    return h.hexdigest()
+
+
+def state_layout_problem(saved: dict, fresh: dict) -> str | None:
+    """Why a saved training state cannot be the state of this run (a missing or extra entry, a tensor
+    of another shape or dtype), or None: compared with the state a fresh start of the run has."""
+    a, b = dict(_leaves(saved)), dict(_leaves(fresh))
+    if a.keys() != b.keys():
+        missing, extra = sorted(b.keys() - a.keys()), sorted(a.keys() - b.keys())
+        return f"entries differ (missing {missing[:3]}, unexpected {extra[:3]})"
+    for path, x in b.items():
+        y = a[path]
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return f"{path} is not a tensor"
+        if isinstance(x, torch.Tensor) and (x.shape != y.shape or x.dtype != y.dtype):
+            return f"{path} is {y.dtype} {tuple(y.shape)}, the run needs {x.dtype} {tuple(x.shape)}"
+    return None
+
+
 class Trainee:
     """One run being trained (alone or in a run batch): its experiment, history, checkpoint."""
 
@@ -106,12 +149,20 @@ class Trainee:
 
     def _resume(self, dev: torch.device) -> None:
         """Continue from the checkpoint: tensors and plain data only (``weights_only=True``: a file
-        that would run code when unpickled is refused), of this config. A checkpoint that does not
-        load (truncated, another config's, refused) is set aside and the run starts from round 0."""
+        that would run code when unpickled is refused), of this config, with the layout of this run's
+        state and the digest it was written with (:func:`state_digest`; checkpoints written before
+        digests existed are checked for their layout only). A checkpoint that does not load or verify
+        (truncated, another config's, a tensor changed, missing or of another shape) is set aside
+        with one line and the run starts from round 0."""
         try:
             saved = torch.load(self.ckpt, map_location=dev, weights_only=True)
             if saved.get("config_key") != self.config.key():
                 raise ValueError("it belongs to another config")
+            problem = state_layout_problem(saved["state"], self.exp.state_dict())
+            if problem:
+                raise ValueError(f"its state does not fit this run: {problem}")
+            if "digest" in saved and saved["digest"] != state_digest(saved["state"]):
+                raise ValueError("its tensors changed after it was written (digest mismatch)")
             self.exp.load_state_dict(saved["state"])
             self.history, self.first_round = list(saved["history"]), int(saved["next_round"])
             self.resumed_commit = saved.get("commit")
@@ -139,9 +190,10 @@ class Trainee:
         return rec
 
     def checkpoint(self, next_round: int) -> None:
-        atomic_torch_save({"state": self.exp.state_dict(), "history": self.history, "next_round": next_round,
-                           "config_key": self.config.key(), "commit": code_commit(), "engine": self.path},
-                          self.ckpt)
+        state = self.exp.state_dict()
+        atomic_torch_save({"state": state, "digest": state_digest(state), "history": self.history,
+                           "next_round": next_round, "config_key": self.config.key(), "commit": code_commit(),
+                           "engine": self.path}, self.ckpt)
 
     def save(self, dev: torch.device, path: str, start: float, root: Path, extra: dict) -> Result:
         exp, config = self.exp, self.config

@@ -55,6 +55,7 @@ from fedlib.results import (
     checkpoint_dir,
     checkpoint_path,
     content_hash,
+    decode_nonfinite,
     result_path,
     result_status,
     results_dir,
@@ -631,6 +632,13 @@ def check_result(name: str, data: bytes) -> Result:
             raise InvalidResult(f"{name}: provenance lacks {k!r}")
     if meta.get("content_sha256") != content_hash(d):
         raise InvalidResult(f"{name}: its content hash does not match what it holds")
+    nonfinite = d.get("nonfinite") or {}
+    if not isinstance(nonfinite, dict) or not all(v in ("nan", "inf", "-inf") for v in nonfinite.values()):
+        raise InvalidResult(f"{name}: its record of non-finite values is malformed")
+    try:
+        d = decode_nonfinite(d)
+    except (KeyError, IndexError, ValueError, TypeError):
+        raise InvalidResult(f"{name}: its record of non-finite values names no value it holds") from None
     history = d["history"]
     if len(history) != config.rounds:
         raise InvalidResult(f"{name}: {len(history)} rounds recorded, the config has {config.rounds}")

@@ -24,7 +24,10 @@ Operators (:func:`mutants`), each one edit at one site:
 * ``drop``: one element of a key removed (an argument of a key call, an element of a key list or
   tuple, a ``*key`` expansion);
 * ``stream``: the stream id replaced by another privacy stream used in the same file (two
-  mechanisms then share a stream).
+  mechanisms then share a stream);
+* ``accumulate``: an accumulation in the privacy code (:data:`ACCUMULATE_FILES`: ``x += y`` or
+  ``x = x + y``) replaced by an assignment (``x = y``): an accountant that keeps only its last
+  round's epsilon, a noisy sum that keeps only its last client (issue 65).
 
 A surviving key mutant is a gap unless it is argued in :data:`EQUIVALENT` (file, the original
 line, the mutated line, why), as for mutmut's.
@@ -52,6 +55,11 @@ KEY_FILES = ("fedlib/algorithms/base.py", "fedlib/privacy/noise.py", "fedlib/pri
              "fedlib/algorithms/fdl.py", "fedlib/experiment.py", "fedlib/engine.py")
 #: The Flower code that hands the round and the client to the mechanisms.
 FLOWER_FILES = ("fedlib/flower/client.py", "fedlib/flower/server.py")
+
+#: The files whose accumulations are mutated (the ``accumulate`` operator): where privacy is added up.
+ACCUMULATE_FILES = ("fedlib/privacy/guarantee.py", "fedlib/privacy/accounting.py",
+                    "fedlib/privacy/central.py", "fedlib/privacy/record.py", "fedlib/privacy/dpsgd.py",
+                    "fedlib/privacy/ghost.py")
 
 #: Calls whose arguments are a stream's key.
 KEY_CALLS = {"noise_seed", "generator_for", "rng_for", "SeedSequence", "default_rng", "StepNoise"}
@@ -81,7 +89,7 @@ class KeyMutant:
     end_col: int
     old: str
     new: str
-    operator: str  # constant | drop | stream
+    operator: str  # constant | drop | stream | accumulate
 
     @property
     def name(self) -> str:
@@ -220,8 +228,50 @@ def mutants(root: Path = REPO_ROOT) -> list[KeyMutant]:
                     line, col = prev.end_lineno, prev.end_col_offset
                 dropped = "".join(lines)[_offset(lines, line, col):_offset(lines, end_line, end_col)]
                 out.append(KeyMutant(s.file, line, col, end_line, end_col, dropped, "", "drop"))
+    out += accumulation_mutants(root)
     unique = {m.name: m for m in out}
     return sorted(unique.values(), key=lambda m: (m.file, m.line, m.col, m.operator, m.new))
+
+
+def _fenced(text: str) -> set[int]:
+    """1-based lines inside ``# pragma: no mutate start`` / ``end`` regions (not privacy code)."""
+    fenced, inside = set(), False
+    for i, line in enumerate(text.splitlines(), 1):
+        if "pragma: no mutate start" in line:
+            inside = True
+        elif "pragma: no mutate end" in line:
+            inside = False
+        elif inside or "pragma: no mutate" in line:
+            fenced.add(i)
+    return fenced
+
+
+def accumulation_mutants(root: Path = REPO_ROOT) -> list[KeyMutant]:
+    """The ``accumulate`` operator: every ``x += y`` and ``x = x + y`` of :data:`ACCUMULATE_FILES`
+    outside fenced regions, each made ``x = y``."""
+    out: list[KeyMutant] = []
+    for rel in ACCUMULATE_FILES:
+        if not (root / rel).is_file():
+            continue
+        text = (root / rel).read_text()
+        lines, fenced = text.splitlines(keepends=True), _fenced(text)
+        for node in ast.walk(ast.parse(text)):
+            if node.lineno in fenced if isinstance(node, ast.stmt) else True:
+                continue
+            target = value = None
+            if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add):
+                target, value = node.target, node.value
+            elif (isinstance(node, ast.Assign) and len(node.targets) == 1
+                  and isinstance(node.value, ast.BinOp) and isinstance(node.value.op, ast.Add)
+                  and ast.get_source_segment(text, node.value.left) == ast.get_source_segment(
+                      text, node.targets[0])):
+                target, value = node.targets[0], node.value.right
+            if target is None:
+                continue
+            line, col, end_line, end_col, seg = _segment(lines, node)
+            new = f"{ast.get_source_segment(text, target)} = {ast.get_source_segment(text, value)}"
+            out.append(KeyMutant(rel, line, col, end_line, end_col, seg, new, "accumulate"))
+    return out
 
 
 #: Surviving key mutants that change no released distribution: (file, original line, mutated
@@ -264,6 +314,9 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
     *[("fedlib/algorithms/moon_dpap.py", _RECORD_LINE, _RECORD_LINE.replace("RECORD_NOISE", other), why)
       for other, why in (("CENTRAL_NOISE", _EXCLUSIVE.format("client-level (central)")),
                          ("LOCAL_NOISE", _EXCLUSIVE.format("local")), ("RECORD_SAMPLING", _SAMPLING))],
+    ("fedlib/privacy/guarantee.py", "self.gaussian_rounds += 1", "self.gaussian_rounds = 1",
+     "gaussian_rounds is read only as 'any Gaussian round yet' (== 0); the epsilon comes from the RDP "
+     "curve, which accumulates on its own line (whose accumulate mutant is killed)"),
     ("fedlib/algorithms/base.py", _SECRET_LINE, "parts = (secrets.randbits(128), t)", _SECRET),
     ("fedlib/algorithms/base.py", _SECRET_LINE, "parts = (secrets.randbits(128), int(stream))", _SECRET),
     ("fedlib/algorithms/base.py", _SECRET_LINE, "parts = (secrets.randbits(128), int(stream), 0)", _SECRET),

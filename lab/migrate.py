@@ -23,7 +23,7 @@ from pathlib import Path
 
 from fedlib.config import NOISE_KEY_VERSION, RESULTS_VERSION, Config
 from fedlib.privacy.guarantee import classify_meta
-from fedlib.results import atomic_write_bytes, content_hash, non_finite, results_dir
+from fedlib.results import atomic_write_bytes, content_hash, encode_nonfinite, non_finite, results_dir
 
 #: Fields that a version removed, with their default before it (to recompute old keys).
 REMOVED_FIELDS: dict[int, dict] = {3: {"dp_epsilon": 1.0, "ldp_epsilon": 0.5}}
@@ -132,12 +132,19 @@ def _companions(root: Path, algorithm: str, key: str, new: str | None) -> list[t
 
 def _upgrade_format(d: dict) -> bool:
     """Format changes that need no retraining, applied to a result of the current version in place:
-    the content hash (``meta.content_sha256``) and the classification of its metadata fields as
-    public or diagnostic (``meta.privacy.public_meta`` / ``diagnostic_meta``). Whether it changed."""
+    the content hash (``meta.content_sha256``), the classification of its metadata fields as
+    public or diagnostic (``meta.privacy.public_meta`` / ``diagnostic_meta``), and valid JSON (a
+    non-finite number written as ``NaN`` or ``Infinity`` becomes ``null``, recorded in
+    ``nonfinite``: :func:`fedlib.results.encode_nonfinite`). Whether it changed."""
     changed = "content_sha256" not in d["meta"]
     privacy = d["meta"].get("privacy")
     if isinstance(privacy, dict) and "public_meta" not in privacy:
         privacy.update(classify_meta({**d["meta"], "content_sha256": ""}))
+        changed = True
+    encoded = encode_nonfinite(d)
+    if encoded.get("nonfinite") and encoded != d:
+        d.clear()
+        d.update(encoded)
         changed = True
     return changed
 
@@ -157,7 +164,7 @@ def migrate(root: Path | None = None, dry_run: bool = False) -> dict[str, list[s
             if _upgrade_format(d):
                 d["meta"]["content_sha256"] = content_hash(d)
                 if not dry_run:
-                    atomic_write_bytes(path, json.dumps(d, indent=1).encode())
+                    atomic_write_bytes(path, json.dumps(d, indent=1, allow_nan=False).encode())
                 report["hashed"].append(path.name)
             else:
                 report["current"].append(path.name)
@@ -185,7 +192,7 @@ def migrate(root: Path | None = None, dry_run: bool = False) -> dict[str, list[s
         target = root / f"{config.algorithm}-{config.key()}.json"
         _upgrade_format(d)
         d["meta"]["content_sha256"] = content_hash(d)
-        atomic_write_bytes(target, json.dumps(d, indent=1).encode())
+        atomic_write_bytes(target, json.dumps(d, indent=1, allow_nan=False).encode())
         if target != path:
             path.unlink()
         for src, dst in _companions(root, config.algorithm, old, config.key()):

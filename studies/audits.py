@@ -65,8 +65,10 @@ def _log(name: str, kind: str, cached: bool, seconds: float | None) -> None:
                                 "duration_s": seconds, "device": "cpu", "engine": None}) + "\n")
 
 
-def read(kind: str, version: int, config: dict[str, Any], roots: list[Path]) -> list[dict] | None:
-    """The rows of a committed audit of ``config``, or None (a damaged file is set aside)."""
+def read(kind: str, version: int, config: dict[str, Any], roots: list[Path],
+         with_meta: bool = False) -> list[dict] | tuple[list[dict], dict] | None:
+    """The rows of a committed audit of ``config`` (and its provenance, ``with_meta``), or None (a
+    damaged file is set aside)."""
     for root in roots:
         path = audit_path(kind, version, config, root)
         if not path.exists():
@@ -80,29 +82,32 @@ def read(kind: str, version: int, config: dict[str, Any], roots: list[Path]) -> 
         if not ok:
             set_aside(path, "audit file does not verify (content hash, kind, version or configuration)")
             continue
-        return [{k: _decode(v) for k, v in row.items()} for row in d["rows"]]
+        rows = [{k: _decode(v) for k, v in row.items()} for row in d["rows"]]
+        return (rows, d.get("meta", {})) if with_meta else rows
     return None
 
 
-def cached(kind: str, version: int, config: dict[str, Any], compute: Callable[[], list[dict]]) -> list[dict]:
-    """The audit's rows: read back from the results store (or scratch) when this configuration was
-    audited before with this ``version`` of the code; otherwise ``compute()`` them and write them
-    where new results go (:func:`studies.common.write_root`: the store during a book build)."""
+def cached(kind: str, version: int, config: dict[str, Any], compute: Callable[[], list[dict]],
+           with_meta: bool = False) -> list[dict] | tuple[list[dict], dict]:
+    """The audit's rows (and, ``with_meta``, the provenance of the machine that computed them): read
+    back from the results store (or scratch) when this configuration was audited before with this
+    ``version`` of the code; otherwise ``compute()`` them and write them where new results go
+    (:func:`studies.common.write_root`: the store during a book build)."""
     root = write_root()
     roots = [*read_roots(), root]
     name = f"{kind}-{audit_key(kind, version, config)}"
-    rows = read(kind, version, config, roots)
-    if rows is not None:
-        _log(name, kind, True, None)
-        return rows
+    found = read(kind, version, config, roots, with_meta=True)
+    if found is not None:  # what it cost when it was computed, as a cached run reports its own
+        _log(name, kind, True, found[1].get("duration_s"))
+        return found if with_meta else found[0]
     t0 = time.time()
     rows = compute()
-    seconds = time.time() - t0
+    seconds = round(time.time() - t0, 1)
     d = {"kind": kind, "version": version, "config": config,
          "rows": [{k: _encode(v) for k, v in row.items()} for row in rows],
-         "meta": {**provenance(torch.device("cpu"), "audit"), "duration_s": round(seconds, 1)}}
+         "meta": {**provenance(torch.device("cpu"), "audit"), "duration_s": seconds}}
     d["content_sha256"] = _digest(d)
     atomic_write_bytes(audit_path(kind, version, config, root),
                        json.dumps(d, indent=1, allow_nan=False).encode())
     _log(name, kind, False, seconds)
-    return rows
+    return (rows, d["meta"]) if with_meta else rows

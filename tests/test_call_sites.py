@@ -315,3 +315,74 @@ def test_the_formula_clips_per_sample_gradients_and_averages_them_over_the_batch
         torch.testing.assert_close(grads["huge"][k], grads["plain"][k], rtol=1e-9, atol=1e-12)
     norm = torch.sqrt(sum((v ** 2).sum() for v in grads["tiny"].values()))
     assert 0 < float(norm) <= 1e-6 * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(PRIVATE))
+def test_every_runs_total_is_the_composition_of_its_rounds(name, monkeypatch):
+    """Issue 65: the epsilon a whole run reports equals the composition of its rounds, computed here
+    independently: the sum of the per-round epsilons for pure (local) mechanisms, each the value the
+    configuration promises; the peer accountant (dp-accounting's RDP at the same orders) for Gaussian
+    ones. An accountant that kept only the last round's epsilon would report a third of it."""
+    import dp_accounting as dpa
+
+    from fedlib.privacy import guarantee
+    from fedlib.privacy.accounting import INTEGER_ORDERS
+
+    events = []
+    real = guarantee.Accountant.step
+
+    def spy(self, event):
+        events.append(event)
+        real(self, event)
+
+    monkeypatch.setattr(guarantee.Accountant, "step", spy)
+    cfg = PRIVATE[name]
+    exp = _rounds(cfg)
+    reported = exp.accountant.epsilon()
+    assert len(events) == cfg.rounds and all(e is not None for e in events)
+    if isinstance(events[0], guarantee.PureEvent):
+        promised = {"ldp_fl": lambda: cfg.ldp_fl_epsilon_per_coordinate * exp.algo.dims,
+                    "signds_fl": lambda: cfg.signds_epsilon_per_round,
+                    "fdl": lambda: cfg.fdl_epsilon_per_round}[cfg.algorithm]()
+        assert all(e.epsilon == pytest.approx(promised, rel=1e-9) for e in events)
+        assert reported == pytest.approx(cfg.rounds * promised, rel=1e-9)
+        return
+    peer = dpa.rdp.RdpAccountant(orders=[float(a) for a in INTEGER_ORDERS])
+    for e in events:
+        one = dpa.GaussianDpEvent(e.noise_multiplier)
+        if e.sampling_rate < 1:
+            one = dpa.PoissonSampledDpEvent(e.sampling_rate, one)
+        peer.compose(one, e.count)
+    assert reported == pytest.approx(peer.get_epsilon(cfg.dp_delta), rel=1e-6)
+    last = events[-1]
+    one = dpa.GaussianDpEvent(last.noise_multiplier)
+    if last.sampling_rate < 1:
+        one = dpa.PoissonSampledDpEvent(last.sampling_rate, one)
+    single = dpa.rdp.RdpAccountant(orders=[float(a) for a in INTEGER_ORDERS])
+    single.compose(one, last.count)
+    assert reported > single.get_epsilon(cfg.dp_delta) * (1 + 1e-6)  # more rounds spend more
+
+
+def test_adaptive_clippings_noisy_count_is_drawn_on_its_grid_when_noise_is_secure(monkeypatch):
+    """Issue 65: under secure noise the count that adaptive clipping releases (through the call site a
+    run uses) is the exact discrete mechanism's: a multiple of the count grid's step, asked for with
+    secure=True; a float Gaussian draw would fall off the grid (probability 1 - 2^-30 or so)."""
+    from fedlib.privacy import central as central_mod
+
+    seen = []
+    real = central_mod.noisy_count
+
+    def spy(values, std, seed, secure=True, sensitivity=0.5):
+        out = real(values, std, seed, secure, sensitivity)
+        seen.append((secure, out))
+        return out
+
+    monkeypatch.setattr(central_mod, "noisy_count", spy)
+    cfg = PRIVATE["dp_fedavg adaptive"]
+    assert cfg.secure_noise and cfg.clip_count_std > 0
+    _rounds(cfg)
+    assert len(seen) == cfg.rounds
+    step = central_mod.COUNT_GRID.step
+    for secure, value in seen:
+        assert secure is True
+        assert (value / step) == round(value / step), value

@@ -90,3 +90,48 @@ def test_each_algorithm_checks_its_own_fields(changes, message):
     with pytest.raises(ConfigError, match=message):
         Config(**changes).validate()
 
+
+
+def _other_value(default):
+    """A value of the same type as ``default`` that differs from it."""
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, int):
+        return default + 1
+    if isinstance(default, float):
+        return default * 2 + 1
+    return default + "_other"
+
+
+def test_every_algorithm_refuses_every_setting_it_does_not_read():
+    """Issue 65: a field another algorithm owns, set away from its default, is refused before any work
+    with one line naming the field and the algorithms that read it (``--algorithm fedavg --dp record``
+    once trained without privacy); a field the algorithm owns is never refused for that reason."""
+    import dataclasses
+
+    from fedlib.algorithms import ALGORITHMS
+    from fedlib.config import owners_of, ownership_problems
+
+    owned = [f for f in dataclasses.fields(Config) if owners_of(f.name)]
+    names = {f.name for f in owned}
+    assert {"dp", "dp_epsilon_total", "dp_noise_multiplier", "fdl_mode", "signds_h"} <= names
+    for algorithm in ALGORITHMS:
+        for f in owned:
+            cfg = Config(algorithm=algorithm).replace(**{f.name: _other_value(f.default)})
+            problems = ownership_problems(cfg)
+            if algorithm in owners_of(f.name):
+                assert problems == [], (algorithm, f.name)
+                continue
+            assert len(problems) == 1 and problems[0].startswith(f"{f.name} = "), (algorithm, f.name)
+            assert all(o in problems[0] for o in owners_of(f.name))
+            with pytest.raises(ConfigError, match=f.name):
+                cfg.validate()
+
+
+def test_a_run_that_asks_for_dp_on_an_algorithm_without_it_is_refused_by_the_command_line(capsys):
+    from fedlib.__main__ import main
+
+    for args in (["--dp", "record"], ["--dp", "central"], ["--dp-epsilon-total", "0"], ["--dp-delta", "1"]):
+        assert main(["run", "--algorithm", "fedavg", "--rounds", "1", *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "moon_dpap" in err[0] and "fedavg does not read it" in err[0]

@@ -220,3 +220,50 @@ def test_a_dataset_file_corrupted_at_the_same_size_is_detected_and_repaired(tmp_
     r = run(TINY.replace(dataset="mnist"), root=tmp_path / "results", progress=False)
     digest = data_mod.dataset_digest
     assert r.meta["data_sha256"] == digest("mnist") != digest("fashionmnist")
+
+
+def test_result_files_are_valid_json_and_read_back_their_non_finite_values(tmp_path):
+    """Issue 65: a diverged run's NaN loss and an infinite epsilon are written as null with a record of
+    what each was; the file is strict JSON and loads back with the same values."""
+    import json
+    import math
+
+    from fedlib import Config
+    from fedlib.results import Result
+
+    cfg = Config(rounds=2)
+    history = [{"round": 1, "train_loss": math.nan, "epsilon_spent": math.inf, "test_acc": None},
+               {"round": 2, "train_loss": 1.5, "epsilon_spent": -math.inf, "test_acc": 0.5}]
+    r = Result(cfg, history, {"config_key": cfg.key(), "device": "cpu"})
+    path = tmp_path / f"{cfg.algorithm}-{cfg.key()}.json"
+    r.save(path)
+
+    def refuse(c):
+        raise AssertionError(f"{c} is not JSON")
+
+    d = json.loads(path.read_text(), parse_constant=refuse)
+    assert d["history"][0]["train_loss"] is None and d["nonfinite"]["history/0/train_loss"] == "nan"
+    back = Result.load(path)
+    assert math.isnan(back.history[0]["train_loss"]) and back.history[0]["epsilon_spent"] == math.inf
+    assert back.history[1]["epsilon_spent"] == -math.inf and back.history[0]["test_acc"] is None
+
+
+def test_no_committed_result_holds_a_non_json_number():
+    """Every committed result, audit and verdict is strict JSON (no NaN or Infinity literals)."""
+    import json
+
+    from fedlib.results import REPO_ROOT
+
+    def refuse(c):
+        raise AssertionError(c)
+
+    bad = []
+    for folder in ("data/results", "data/verdicts"):
+        for f in (REPO_ROOT / folder).rglob("*.json"):
+            if "rejected" in f.parts:
+                continue
+            try:
+                json.loads(f.read_text(), parse_constant=refuse)
+            except AssertionError:
+                bad.append(f.name)
+    assert not bad, bad[:5]

@@ -336,3 +336,17 @@ def test_the_score_never_rounds_a_gap_away():
     assert pm.score_text({"score": 0.9997, "unexplained": 1}) == "99.97 %"
     assert pm.score_text({"score": 1.0, "unexplained": 0}) == "100.0 %"
     assert pm.score_text({"score": 0.912, "unexplained": 30}) == "91.2 %"
+
+
+def test_the_key_mutants_replace_the_accountants_accumulations_by_assignments():
+    """Issue 65: the mutation driver makes the edit that keeps only the last round's epsilon (an
+    accumulation become an assignment) at each of the accountant's sums; the one that cannot change a
+    released epsilon is argued equivalent."""
+    from lab import key_mutants as km
+
+    found = {m.name for m in km.accumulation_mutants()}
+    for edit in ("self.pure += event.epsilon->self.pure = event.epsilon",
+                 "self.rdp = self.rdp + event.count * curve->self.rdp = event.count * curve"):
+        assert any(name.endswith(edit) for name in found), edit
+    assert all(":accumulate:" in name for name in found)
+    assert km.equivalence("fedlib/privacy/guarantee.py", "self.gaussian_rounds += 1", "self.gaussian_rounds = 1")

@@ -221,3 +221,63 @@ def test_a_run_whose_loss_explodes_is_diverged_even_when_finite():
     assert non_finite([{"round": 1, "test_loss": math.inf}])
     assert not exploded([{"round": 1, "test_loss": 0.99 * EXPLODED_FACTOR * untrained}])
     assert exploded([{"round": 1, "test_loss": 3.0}], classes=2) is False
+
+
+@pytest.mark.parametrize("damage", ["in place", "wrong shape", "missing tensor"])
+def test_a_damaged_checkpoint_is_set_aside_and_the_run_recomputed(tmp_path, monkeypatch, capsys, damage):
+    """Issue 65: a checkpoint whose tensor was changed in place (same shape: caught by its digest), has
+    a tensor of another shape, or lacks one, is set aside with one line and the run starts from
+    round 0; its final result equals a fresh run's."""
+    fresh = run(CFG, root=tmp_path / "fresh", progress=False, checkpoint_every=1)
+    _interrupted_run(monkeypatch, 2, root=tmp_path / "part")
+    path = checkpoint_path(CFG, tmp_path / "part")
+    saved = torch.load(path, weights_only=True)
+    name = next(iter(saved["state"]["gparams"]))
+    if damage == "in place":
+        saved["state"]["gparams"][name].mul_(1.5)
+    elif damage == "wrong shape":
+        saved["state"]["gparams"][name] = torch.zeros(3)
+    else:
+        del saved["state"]["gparams"][name]
+    torch.save(saved, path)
+    capsys.readouterr()
+    resumed = run(CFG, root=tmp_path / "part", progress=False, checkpoint_every=1)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "checkpoint not loaded" in err[0], err
+    assert resumed.meta["resumed_from_round"] == 0
+    assert list((path.parent / "rejected").iterdir())
+    _, a = load_model(fresh, tmp_path / "fresh")
+    _, b = load_model(resumed, tmp_path / "part")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.history[-1]["test_acc"] == fresh.history[-1]["test_acc"]
+
+
+def test_set_aside_names_never_collide(tmp_path):
+    """Two files of one name set aside within one second keep both (issue 65)."""
+    from fedlib.results import set_aside
+
+    targets = []
+    for content in ("first", "second", "third"):
+        f = tmp_path / "x.json"
+        f.write_text(content)
+        targets.append(set_aside(f, "test"))
+    assert len(set(targets)) == 3 and sorted(t.read_text() for t in targets) == ["first", "second", "third"]
+
+
+def test_identical_runs_write_identical_model_files_with_the_process_umask(tmp_path):
+    """Issue 65: the model file of a run depends on the run only (no temporary file name inside the
+    archive), and result, model and checkpoint files get 0666 less the umask, not 0600."""
+    import hashlib
+
+    from fedlib.results import model_path
+
+    old = os.umask(0o022)
+    try:
+        a = run(CFG.replace(rounds=1), root=tmp_path / "a", progress=False)
+        b = run(CFG.replace(rounds=1), root=tmp_path / "b", progress=False)
+    finally:
+        os.umask(old)
+    pa, pb = model_path(a.config, tmp_path / "a"), model_path(b.config, tmp_path / "b")
+    assert hashlib.sha256(pa.read_bytes()).digest() == hashlib.sha256(pb.read_bytes()).digest()
+    for f in (pa, a.path):
+        assert (f.stat().st_mode & 0o777) == 0o644, f

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from fedlib.__main__ import _add_config_options, finite_json
-from fedlib.config import Config, ConfigError
+from fedlib.config import Config, ConfigError, owners_of
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,12 +37,17 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--insecure", action="store_true",
                    help="no TLS and no SuperNode authentication (any local process can read and join)")
     # a deployment draws privacy noise and samples clients from OS entropy unless told otherwise
-    d.set_defaults(randomness="secret")
+    # (None: the default; only an algorithm with a privacy mechanism reads it)
+    d.set_defaults(randomness=None)
     args = parser.parse_args(argv)
 
     fields = {f.name for f in dataclasses.fields(Config)}
     try:
-        config = Config().replace(**{k: v for k, v in vars(args).items() if k in fields}).validate()
+        given = {k: v for k, v in vars(args).items() if k in fields}
+        if given.get("randomness", "") is None:
+            private = given.get("algorithm", Config().algorithm) in owners_of("randomness")
+            given["randomness"] = "secret" if private else "seeded"
+        config = Config().replace(**given).validate()
         from fedlib.flower import check_supported, require_flower
         check_supported(config)
         require_flower()

@@ -37,7 +37,7 @@ import time
 import uuid
 from pathlib import Path
 
-from fedlib.config import Config
+from fedlib.config import Config, owners_of
 from fedlib.flower.credentials import Credentials, make_credentials
 from fedlib.results import REPO_ROOT, Result, result_path, results_dir
 
@@ -263,7 +263,7 @@ def deploy(configs: list[Config], nodes: int = 3, root: Path | None = None, time
     if not secure:
         warnings.warn("insecure deployment: updates travel unencrypted and any local process can join "
                       "as a SuperNode", stacklevel=2)
-    if any(c.randomness == "seeded" for c in configs):
+    if any(c.randomness == "seeded" and c.algorithm in owners_of("randomness") for c in configs):
         warnings.warn("seeded randomness: the privacy noise and client sampling follow from the public "
                       "config (reproducible, not private); a real deployment uses randomness='secret'",
                       stacklevel=2)

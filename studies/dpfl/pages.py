@@ -535,6 +535,27 @@ def paired_round_times(configs: dict[str, Config], rounds: int = 10) -> dict[str
     return {name: np.array(v) for name, v in times.items()}
 
 
+#: Bump when :func:`paired_round_times` changes what it measures (the committed timing is then redone).
+TIMING_VERSION = 1
+
+
+def round_times_audit(configs: dict[str, Config], rounds: int = 10) -> tuple[dict[str, np.ndarray], dict]:
+    """:func:`paired_round_times`, measured once per set of variants and read back from the committed
+    audit afterwards (:mod:`studies.audits`), with the provenance of the machine that measured it: a
+    timing is a fact about that machine, and a book build elsewhere shows it, not a new one."""
+    from studies import audits
+
+    config = {"variants": {name: c.key() for name, c in configs.items()}, "rounds": int(rounds)}
+
+    def measure() -> list[dict]:
+        times = paired_round_times(configs, rounds)
+        return [{"variant": name, "round": i, "seconds": float(s)} for name, v in times.items()
+                for i, s in enumerate(v)]
+
+    rows, meta = audits.cached("round_times", TIMING_VERSION, config, measure, with_meta=True)
+    return {name: np.array([r["seconds"] for r in rows if r["variant"] == name]) for name in configs}, meta
+
+
 # ---- the setting, and the teaching page -------------------------------------------------------------
 def setting(profile: str, n_seeds: int | None = None) -> ConfigSet:
     """The federation without DP (one seed): the reference every other page is read against."""
