@@ -13,16 +13,9 @@ import json
 import math
 import sys
 
+from fedlib.cli import OneLineParser
 from fedlib.config import Config, ConfigError
 from fedlib.engine import PATHS
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line (``error: ...``) and exit status 2."""
-
-    def error(self, message: str):  # type: ignore[override]
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
 
 
 def _positive_int(text: str) -> int:
@@ -120,4 +113,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fedlib.cli import entry
+
+    sys.exit(entry(main, "python -m fedlib"))

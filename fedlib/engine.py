@@ -610,6 +610,9 @@ def _worker_loop(conn, algo: Algorithm, x: torch.Tensor, y: torch.Tensor, parent
     ended it) closes them and ``recv`` ends with EOF instead of waiting forever."""
     for c in inherited:
         c.close()
+    # Ctrl-C reaches the whole process group: the parent stops the workers (fedlib.cli), which must
+    # not print a traceback each
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent(parent_pid)
     torch.set_num_threads(1)
     releasers = {algo.config.key(): algo}  # a run batch's runs, built once each in this worker

@@ -54,17 +54,26 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """``data`` written to ``path`` through a temporary file in the same folder, synced, then renamed:
     a reader sees the old file or the new one, never part of one. The file gets the permissions any
     file created by this process gets (0666 less its umask), not the temporary file's 0600."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    path = Path(path)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~process_umask())
         os.replace(tmp, path)
+    except OSError as e:
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
+        raise OSError(e.errno, f"could not write {path}: {e.strerror or e}; the previous file, if any, is "
+                               f"unchanged (free some space, fix the permissions or choose another folder: "
+                               f"{setting_of(path.parent)})") from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 
@@ -95,18 +104,34 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
 
     buffer = io.BytesIO()
     torch.save(obj, buffer)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+#: A few MiB any write needs: a result file, a lock, a checkpoint of a small model.
+MIN_FREE_BYTES = 4 * 2**20
+
+
+def setting_of(folder: Path) -> str:
+    """The setting that chooses ``folder``: ``FEDLIB_CHECKPOINT_DIR`` for the checkpoints' folder of
+    the repository's results, else ``FEDLIB_RESULTS_DIR`` (results, models, locks, audits)."""
     try:
-        atomic_write_bytes(path, buffer.getvalue())
-    except OSError as e:
-        raise OSError(f"could not write {path} ({' '.join(str(e).split())[:200]}; is the disk full?); "
-                      "the previous file, if any, is unchanged") from e
+        chosen = os.environ.get("FEDLIB_CHECKPOINT_DIR")
+        if Path(folder).resolve() in {Path(p).resolve() for p in (chosen, default_checkpoint_dir()) if p}:
+            return "FEDLIB_CHECKPOINT_DIR"
+    except OSError:
+        pass
+    return "FEDLIB_RESULTS_DIR"
 
 
-def check_writable(folders: list[Path], need_bytes: int = 0) -> None:
-    """Before any work: each folder exists or can be made, a file can be written in it, and its disk
-    has ``need_bytes`` free; else an ``OSError`` that says which folder and why."""
+def check_writable(folders: list[Path], need_bytes: int = MIN_FREE_BYTES) -> None:
+    """Before any work (before any lock file too): each folder exists or can be made (a path that is a
+    file is refused), a file can be written in it, and its disk has ``need_bytes`` free; else an
+    ``OSError`` of one line that names the folder and the setting that chooses it."""
     for folder in folders:
         folder = Path(folder)
+        setting = setting_of(folder)
+        if folder.exists() and not folder.is_dir():
+            raise OSError(f"{folder} is a file, not a folder; choose another folder ({setting})")
         try:
             folder.mkdir(parents=True, exist_ok=True)
             fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-probe.")
@@ -114,11 +139,11 @@ def check_writable(folders: list[Path], need_bytes: int = 0) -> None:
             os.unlink(probe)
         except OSError as e:
             raise OSError(f"cannot write to {folder}: {e.strerror or e}; choose another folder "
-                          "(FEDLIB_RESULTS_DIR) or fix its permissions") from None
+                          f"({setting}) or fix its permissions") from None
         free = shutil.disk_usage(folder).free
         if free < need_bytes:
-            raise OSError(f"{folder} has {free / 2**20:.0f} MiB free, the run needs about "
-                          f"{need_bytes / 2**20:.0f} MiB for its checkpoints and results")
+            raise OSError(f"{folder} has {free / 2**20:.0f} MiB free, about {need_bytes / 2**20:.0f} MiB "
+                          f"are needed; free some space or choose another folder ({setting})")
 
 
 def git_commit() -> str:

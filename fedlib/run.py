@@ -274,7 +274,8 @@ def run_many(configs: list[Config], *, engine: str = "auto", device: str | torch
             todo.append(i)
     if todo:
         check_batch([configs[i] for i in todo])
-        check_writable([root, root / "locks"])  # before the first lock is taken: a clear error
+        # before the first lock is taken: every folder the runs write, with room for a start
+        check_writable([root, root / "locks", root / "models", checkpoint_dir(root)])
         locks = ConfigLocks(root)
         try:
             mine = []

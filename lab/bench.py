@@ -88,6 +88,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from fedlib.cli import OneLineParser
 from fedlib.config import Config
 from fedlib.engine import Executor, cpu_workers, default_path, worker_start_method
 from fedlib.experiment import Experiment, RunBatch, evaluate
@@ -756,7 +757,7 @@ def clients_sweep(config: Config, device: torch.device, clients: list[int], path
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.bench", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m lab.bench", description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default="fashionmnist")
     p.add_argument("--model", default="cnn")
     p.add_argument("--clients", type=int, default=20)
@@ -869,4 +870,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fedlib.cli import entry
+
+    sys.exit(entry(main, "python -m lab.bench"))

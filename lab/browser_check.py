@@ -26,7 +26,6 @@ through it. Needs Debian's ``chromium`` (``.ci/run`` installs it).
 
 from __future__ import annotations
 
-import argparse
 import re
 import shutil
 import subprocess
@@ -38,6 +37,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from fedlib.cli import OneLineParser
 from fedlib.plots import MIN_SCALE, MIN_TEXT_PX
 from studies.numbers import CODE_NAME
 
@@ -398,7 +398,7 @@ def check_book(html_root: Path, shots: Path | None = None, workers: int = 2) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="check the built book in headless Chromium")
+    p = OneLineParser(description="check the built book in headless Chromium")
     p.add_argument("html", type=Path, nargs="?", default=Path("book/_build/html"))
     p.add_argument("--screenshots", type=Path, default=Path("book/_build/screenshots"))
     args = p.parse_args(argv)
@@ -413,4 +413,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fedlib.cli import entry
+
+    sys.exit(entry(main, "python -m lab.browser_check"))

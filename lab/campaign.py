@@ -46,12 +46,16 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+from fedlib.cli import OneLineParser
 from fedlib.config import Config, ConfigError
+from fedlib.engine import PATHS
 from fedlib.kernels import set_kernel_options
 from fedlib.results import (
+    MIN_FREE_BYTES,
     REPO_ROOT,
     Result,
     atomic_write_bytes,
+    check_writable,
     checkpoint_dir,
     checkpoint_path,
     content_hash,
@@ -567,9 +571,21 @@ def _arcname(f: Path) -> str:
 
 
 def pack(files: list[Path], out_dir: Path, limit: int = PACK_LIMIT) -> list[Path]:
-    """Tar-gzip ``files`` into archives of at most ``limit`` bytes each (result JSON compresses ~10x)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    archives, part, size = [], [], 0
+    """Tar-gzip ``files`` into archives of at most ``limit`` bytes each (result JSON compresses ~10x).
+    All or nothing: the folder is checked for room first, each archive is written to a temporary file
+    and renamed, and a failure removes the archives this call wrote (no empty or partial archive)."""
+    check_writable([out_dir], need_bytes=sum(f.stat().st_size for f in files) // 4 + MIN_FREE_BYTES)
+    archives: list[Path] = []
+    try:
+        return _pack(files, out_dir, limit, archives)
+    except BaseException:
+        for a in archives:
+            a.unlink(missing_ok=True)
+        raise
+
+
+def _pack(files: list[Path], out_dir: Path, limit: int, archives: list[Path]) -> list[Path]:
+    part, size = [], 0
     for f in files:
         n = f.stat().st_size // 8 + 1024  # compressed size, conservatively
         if part and size + n > limit:
@@ -583,10 +599,14 @@ def pack(files: list[Path], out_dir: Path, limit: int = PACK_LIMIT) -> list[Path
 
 
 def _write(files: list[Path], out_dir: Path, i: int) -> Path:
+    import io
+
     path = out_dir / f"results-{i:02d}.tgz"
-    with tarfile.open(path, "w:gz") as tar:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         for f in files:
             tar.add(f, arcname=_arcname(f))
+    atomic_write_bytes(path, buffer.getvalue())  # a failure leaves no archive behind
     return path
 
 
@@ -728,11 +748,26 @@ def unpack(archives: list[Path], root: Path | None = None) -> dict[str, list[str
             if old != data and json.loads(old) != json.loads(data):
                 raise InvalidResult(f"{name}: {target} exists with other content (nothing was added)")
             present.append(name)
-    for name, data in members.items():
-        if name in present:
-            continue
-        atomic_write_bytes(root / name, data)  # the bytes as checked
-        added.append(name)
+    new = {name: data for name, data in members.items() if name not in present}
+    folders = sorted({(root / name).parent for name in new} | {root})
+    check_writable(folders, need_bytes=2 * sum(len(d) for d in new.values()) + MIN_FREE_BYTES)
+    # all or nothing: every file is staged beside its target first, then the staged files are renamed
+    # into place; a failure removes what this call staged or added, and the folder is as it was
+    staged: dict[str, Path] = {}
+    try:
+        for name, data in new.items():
+            tmp = (root / name).with_name(f".{Path(name).name}.unpack.tmp")
+            atomic_write_bytes(tmp, data)  # the bytes as checked
+            staged[name] = tmp
+        for name, tmp in staged.items():
+            os.replace(tmp, root / name)
+            added.append(name)
+    except BaseException:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+        for name in added:
+            (root / name).unlink(missing_ok=True)
+        raise
     return {"added": added, "already present": present}
 
 
@@ -805,7 +840,7 @@ def yield_to_foreground(autogroup: Path = Path("/proc/self/autogroup")) -> int |
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.campaign",
+    p = OneLineParser(prog="python -m lab.campaign",
                                 description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     pl = sub.add_parser("plan", help="what each page and claim needs at a profile, its estimated time")
@@ -816,7 +851,7 @@ def main(argv: list[str] | None = None) -> int:
         q.add_argument("--seeds", type=int, default=None, help="seeds per run (default: the profile's)")
     pl.add_argument("--device-kind", choices=["cpu", "cuda"], default=None)
     r.add_argument("--budget-min", type=float, required=True)
-    r.add_argument("--engine", default="auto")
+    r.add_argument("--engine", default="auto", choices=["auto", *PATHS])
     r.add_argument("--max-batch", type=int, default=8, help="runs trained together at most")
     r.add_argument("--steps", type=int, default=None,
                    help="only the first N steps of the claims-first order (plan lists them)")
@@ -866,7 +901,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fedlib.cli import entry
+
+    sys.exit(entry(main, "python -m lab.campaign"))
 
 
 __all__ = ["check_audit", "check_result", "claim_plan", "groups", "missing", "needed", "order", "pack",

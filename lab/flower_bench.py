@@ -6,13 +6,14 @@ extra. The book's Flower page shows the committed file (``data/bench/flower/``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
+from fedlib.cli import OneLineParser
+
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.flower_bench",
+    p = OneLineParser(prog="python -m lab.flower_bench",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--profile", default="quick", help="profile of the configurations (default: quick)")
     p.add_argument("--rounds", type=int, default=10, help="rounds per measurement (default: 10)")
@@ -43,4 +44,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fedlib.cli import entry
+
+    sys.exit(entry(main, "python -m lab.flower_bench"))

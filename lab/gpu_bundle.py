@@ -22,7 +22,6 @@ what travels with a command); every result records the torch version it ran with
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import lzma
 import shutil
@@ -30,6 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fedlib.cli import OneLineParser
 from fedlib.data import _CLASSES, IDX_FILES, data_dir
 from fedlib.results import REPO_ROOT
 
@@ -126,7 +126,7 @@ def tracked_size() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.gpu_bundle", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m lab.gpu_bundle", description=__doc__.splitlines()[0])
     p.add_argument("--python-version", default="3.12", help="the node's Python (default 3.12)")
     p.add_argument("--datasets", nargs="+", choices=sorted(_CLASSES), default=sorted(_CLASSES),
                    help="datasets to bundle (default: all; both do not fit beside the repository in 64 MiB)")
@@ -146,4 +146,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fedlib.cli import entry
+
+    sys.exit(entry(main, "python -m lab.gpu_bundle"))

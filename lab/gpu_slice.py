@@ -46,6 +46,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from fedlib.cli import OneLineParser
 from fedlib.kernels import set_kernel_options
 from fedlib.results import REPO_ROOT, atomic_write_bytes, results_dir
 
@@ -274,7 +275,7 @@ def slice_(minutes: float, out: Path, profile: str = "paper", pages: list[str] |
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.gpu_slice", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m lab.gpu_slice", description=__doc__.splitlines()[0])
     p.add_argument("minutes", type=float, help="the slice's whole budget, from its start")
     p.add_argument("outdir", type=Path, help="an empty folder for what comes back (at most 8 files)")
     p.add_argument("--profile", default="paper", choices=["smoke", "quick", "paper"])
@@ -333,4 +334,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fedlib.cli import entry
+
+    sys.exit(entry(main, "python -m lab.gpu_slice"))

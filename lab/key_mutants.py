@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedlib.cli import OneLineParser
 from fedlib.results import REPO_ROOT, atomic_write_bytes
 
 #: The files whose key calls are mutated: the privacy code, the algorithms that apply it, where a
@@ -441,9 +442,8 @@ def skip_all_but(workdir: Path, tests_sha: str, names: set[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
 
-    p = argparse.ArgumentParser(prog="python -m lab.key_mutants", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m lab.key_mutants", description=__doc__.splitlines()[0])
     p.add_argument("--only", nargs="+", default=["*"], metavar="GLOB",
                    help="only the mutants whose names match (e.g. 'key:fedlib/algorithms/base.py*')")
     args = p.parse_args(argv)
@@ -456,5 +456,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fedlib.cli import entry
+
+    sys.exit(entry(main, "python -m lab.key_mutants"))
 

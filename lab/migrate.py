@@ -14,13 +14,13 @@ is there but does not match its content is reported (``unknown``), not blessed.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from fedlib.cli import OneLineParser
 from fedlib.config import NOISE_KEY_VERSION, RESULTS_VERSION, Config
 from fedlib.privacy.guarantee import classify_meta
 from fedlib.results import atomic_write_bytes, content_hash, encode_nonfinite, non_finite, results_dir
@@ -202,7 +202,7 @@ def migrate(root: Path | None = None, dry_run: bool = False) -> dict[str, list[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.migrate", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m lab.migrate", description=__doc__.splitlines()[0])
     p.add_argument("--root", type=Path, default=None,
                    help="results folder (default: data/results; its flower/ folder too)")
     p.add_argument("--dry-run", action="store_true", help="only report what would happen")
@@ -219,4 +219,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fedlib.cli import entry
+
+    sys.exit(entry(main, "python -m lab.migrate"))

@@ -256,4 +256,6 @@ def computed_line(computed: int, reused: int) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fedlib.cli import entry
+
+    sys.exit(entry(main, "python -m lab.notebooks"))

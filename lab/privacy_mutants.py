@@ -28,7 +28,6 @@ fails while any survivor is unexplained.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
 import fcntl
@@ -46,6 +45,7 @@ import time
 import tomllib
 from pathlib import Path
 
+from fedlib.cli import OneLineParser
 from fedlib.results import REPO_ROOT, atomic_write_bytes, git_commit
 from lab import key_mutants
 
@@ -689,7 +689,7 @@ def run_keys(patterns: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.privacy_mutants",
+    p = OneLineParser(prog="python -m lab.privacy_mutants",
                                 description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run mutmut on the privacy code and write the report")
@@ -746,4 +746,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fedlib.cli import entry
+
+    sys.exit(entry(main, "python -m lab.privacy_mutants"))

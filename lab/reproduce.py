@@ -23,7 +23,6 @@ an audit file beside it is compared but never replaced (its page retrains the tw
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import json
 import math
@@ -33,6 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedlib.cli import OneLineParser
 from fedlib.config import Config
 from fedlib.results import REPO_ROOT, Result, atomic_write_bytes, model_path, result_path
 from fedlib.run import run_many
@@ -187,7 +187,7 @@ def _where(items: list[str]) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("patterns", nargs="+", help="file-name globs under --root, e.g. 'fdl-*.json'")
     ap.add_argument("--root", type=Path, default=REPO_ROOT / "data" / "results")
     ap.add_argument("--where", nargs="*", default=[], metavar="FIELD=VALUE",
@@ -209,4 +209,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fedlib.cli import entry
+
+    sys.exit(entry(main, "python -m lab.reproduce"))

@@ -22,4 +22,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fedlib.cli import entry
+
+    sys.exit(entry(main, "python -m studies"))

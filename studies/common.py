@@ -12,6 +12,7 @@ swaps the CNN for an MLP at ``quick``, DP-FL keeps 1,000 clients), and this modu
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from collections.abc import Hashable, Mapping, Sequence
@@ -93,10 +94,33 @@ PARAMETER_RULES = {
 }
 
 
+#: Names an IPython kernel defines itself (not parameters).
+_KERNEL_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
+
+
+def _undeclared(params: dict, caller: dict) -> list[str]:
+    """Data values defined in a notebook kernel's namespace (``caller``) that are not ``params``:
+    what papermill injected beyond the declared parameters. Empty outside a kernel."""
+    if "get_ipython" not in caller:
+        return []
+    return sorted(name for name, value in caller.items()
+                  if not name.startswith("_") and name not in _KERNEL_NAMES and name not in params
+                  and not (inspect.ismodule(value) or callable(value)))
+
+
 def check_parameters(**params) -> None:
     """Raise :class:`ParameterError` (one line) for the first parameter that breaks its rule
     (:data:`PARAMETER_RULES`) or that no notebook knows. Each notebook calls it right after its
-    parameters cell, before any work; ``lab.notebooks`` calls it before executing one."""
+    parameters cell, before any work; ``lab.notebooks`` calls it before executing one.
+
+    Called from a notebook, it also refuses a name that papermill injected but the notebook does
+    not declare (``papermill ... -p nosuch 1``, or a misspelt parameter, which papermill only warns
+    about): every data value the kernel holds at that point came from the parameters cells, so one
+    that is not among ``params`` is unknown to this notebook."""
+    unknown = _undeclared(params, inspect.currentframe().f_back.f_globals)
+    if unknown:
+        raise ParameterError(f"this notebook has no parameter(s) {', '.join(unknown)}; its parameters: "
+                             f"{', '.join(params)}")
     for name, value in params.items():
         if name not in PARAMETER_RULES:
             raise ParameterError(f"unknown parameter {name!r}; known: {', '.join(sorted(PARAMETER_RULES))}")

@@ -349,4 +349,5 @@ def test_the_key_mutants_replace_the_accountants_accumulations_by_assignments():
                  "self.rdp = self.rdp + event.count * curve->self.rdp = event.count * curve"):
         assert any(name.endswith(edit) for name in found), edit
     assert all(":accumulate:" in name for name in found)
-    assert km.equivalence("fedlib/privacy/guarantee.py", "self.gaussian_rounds += 1", "self.gaussian_rounds = 1")
+    assert km.equivalence("fedlib/privacy/guarantee.py", "self.gaussian_rounds += 1",
+                          "self.gaussian_rounds = 1")

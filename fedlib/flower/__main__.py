@@ -6,18 +6,18 @@ through Flower, in its simulation engine (``run``) or on its Deployment Runtime 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
 from pathlib import Path
 
 from fedlib.__main__ import _add_config_options, finite_json
+from fedlib.cli import OneLineParser
 from fedlib.config import Config, ConfigError, owners_of
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fedlib.flower", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m fedlib.flower", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="train one configuration through Flower (or load its Flower result)")
     _add_config_options(r)
@@ -81,4 +81,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fedlib.cli import entry
+
+    sys.exit(entry(main, "python -m fedlib.flower"))

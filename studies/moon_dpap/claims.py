@@ -8,7 +8,10 @@ import numpy as np
 from studies import claims as c
 from studies.claims import Finding, all_of
 from studies.common import Runs
-from studies.moon_dpap.settings import FIG1_METHODS, PAPER, SCALES, TABLE1_METHODS
+from studies.moon_dpap.pages import CENTRAL as CENTRAL_RUNS
+from studies.moon_dpap.pages import FORMULA as FORMULA_RUNS
+from studies.moon_dpap.pages import RECORD_TUNED_LABEL
+from studies.moon_dpap.settings import FIG1_METHODS, PAPER, READINGS, SCALES, TABLE1_METHODS
 
 #: How far a published accuracy may be from ours (points): the paper reports one number without a
 #: spread; seed-to-seed spreads of these runs are about 1 point, so 2 points is the band.
@@ -114,17 +117,8 @@ def fig1_settled(runs: Runs, settled: list[str], profile: str = "paper") -> list
     return [c.graded_at(rules[claim](), profile, seeds) for claim in settled]
 
 
-#: The readings of Fig. 2's "noise ... to the gradient update process" (issue 63): what each protects
-#: and what it guarantees.
-CENTRAL = c.Reading("client-level central", "replace one client",
-                    "(epsilon, delta)-DP of a client's whole data; a trusted server adds the noise")
-LOCAL = c.Reading("client-level local", "replace one client",
-                  "(epsilon, delta)-DP of a client's whole data; each client adds noise to its own update")
-RECORD = c.Reading("record-level DP-SGD", "add/remove one record",
-                   "(epsilon, delta)-DP of one training example, composed over every local step")
-FORMULA = c.Reading("the formula in circulation", "one record in one full-batch step",
-                    "no valid guarantee: Delta_f = 2 lr C / n bounds one full-batch gradient step, not the "
-                    "K minibatch steps of a round, and the T rounds are never composed", valid=False)
+#: The readings of Fig. 2's DP (defined with the settings: :data:`~studies.moon_dpap.settings.READINGS`).
+CENTRAL, LOCAL, RECORD, FORMULA = (READINGS[k] for k in ("central", "local", "record", "formula"))
 
 
 def _fig2_rules(runs: Runs, profile: str, eps_total: float, untrained_pct: float, noise_ratio: float,
@@ -133,10 +127,6 @@ def _fig2_rules(runs: Runs, profile: str, eps_total: float, untrained_pct: float
     ``untrained_pct`` and ``noise_ratio`` describe the client-level DP run of ``profile`` (``clients``
     its number of clients). "with DP ... 77 %" and "DP costs ..." are graded under each reading the
     text admits (:func:`studies.claims.by_readings`)."""
-    from studies.moon_dpap.pages import CENTRAL as CENTRAL_RUNS
-    from studies.moon_dpap.pages import FORMULA as FORMULA_RUNS
-    from studies.moon_dpap.pages import RECORD_TUNED_LABEL
-
     level = PAPER["fig2"]["dp"][0]
 
     def central() -> Finding:

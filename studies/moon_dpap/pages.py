@@ -442,12 +442,12 @@ def grid_choice(table: pd.DataFrame) -> tuple[float, float]:
 def readings_of_fig2(runs: Runs, cfg: Config) -> pd.DataFrame:
     """One row per reading of Fig. 2's DP: relation, guarantee, and the final accuracy (mean ± std over
     seeds) and epsilon of its runs in ``runs`` (the local reading is analytic: no runs)."""
-    from studies.moon_dpap import claims
+    from studies.moon_dpap.settings import READINGS
 
-    runs_of = {claims.CENTRAL.name: CENTRAL, claims.RECORD.name: RECORD_TUNED_LABEL,
-               claims.FORMULA.name: FORMULA}
+    runs_of = {READINGS["central"].name: CENTRAL, READINGS["record"].name: RECORD_TUNED_LABEL,
+               READINGS["formula"].name: FORMULA}
     rows = []
-    for reading in (claims.CENTRAL, claims.LOCAL, claims.RECORD, claims.FORMULA):
+    for reading in READINGS.values():
         label = runs_of.get(reading.name)
         acc, eps = "no runs (analytic: the central reading's noise times sqrt(m))", ""
         if label in runs.results:

@@ -4,6 +4,7 @@ published numbers (reference data, never results) and how each profile scales th
 from __future__ import annotations
 
 from fedlib.config import Config
+from studies.claims import Reading
 from studies.common import Scale, scale_of
 
 #: The paper's setting (Sec. 4.1) plus our choices where it is silent (see CHOICES).
@@ -127,6 +128,21 @@ RECORD_VALIDATION = 1_000
 #: The grid's choice: its highest validation accuracy (tests/test_studies.py checks it against the
 #: committed grid).
 RECORD_TUNED = {"lr": 0.2, "dp_clip": 5.0}
+
+#: The readings of Fig. 2's "noise ... to the gradient update process" (issue 63): what each protects
+#: and what it guarantees.
+READINGS = {
+    "central": Reading("client-level central", "replace one client",
+                       "(epsilon, delta)-DP of a client's whole data; a trusted server adds the noise"),
+    "local": Reading("client-level local", "replace one client",
+                     "(epsilon, delta)-DP of a client's whole data; each client adds noise to its own "
+                     "update"),
+    "record": Reading("record-level DP-SGD", "add/remove one record",
+                      "(epsilon, delta)-DP of one training example, composed over every local step"),
+    "formula": Reading("the formula in circulation", "one record in one full-batch step",
+                       "no valid guarantee: Delta_f = 2 lr C / n bounds one full-batch gradient step, not "
+                       "the K minibatch steps of a round, and the T rounds are never composed", valid=False),
+}
 
 ABLATIONS = {
     "full": {},
