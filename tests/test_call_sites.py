@@ -386,3 +386,33 @@ def test_adaptive_clippings_noisy_count_is_drawn_on_its_grid_when_noise_is_secur
     for secure, value in seen:
         assert secure is True
         assert (value / step) == round(value / step), value
+
+
+def test_corrected_fdls_released_values_come_from_the_discrete_mechanism_at_the_call_site(monkeypatch):
+    """Issue 65: under secure noise a corrected-FDL client's release (the algorithm's own release, the
+    call site a run uses) draws its values from the exact discrete Laplace mechanism at L1 sensitivity
+    2k and the values' share of epsilon, never from the float one. (Its float32 output cannot show the
+    grid: every float32 of magnitude above 2^-7 is a multiple of 2^-30 whatever its origin.)"""
+    from fedlib.algorithms import fdl as fdl_mod
+    from fedlib.algorithms.base import RoundContext
+    from fedlib.models import build_model
+
+    calls = []
+    real = fdl_mod.discrete_laplace_values
+
+    def spy(values, mask, l1, eps, rng):
+        calls.append((l1, eps))
+        return real(values, mask, l1, eps, rng)
+
+    monkeypatch.setattr(fdl_mod, "discrete_laplace_values", spy)
+    monkeypatch.setattr(fdl_mod, "laplace_values", lambda *a, **k: pytest.fail("float Laplace noise"))
+    cfg = PRIVATE["fdl corrected"].validate()
+    assert cfg.secure_noise
+    algo = ALGORITHMS["fdl"](cfg, build_model(cfg.model))
+    params = {k: v.detach() for k, v in build_model(cfg.model).named_parameters()}
+    g = torch.Generator().manual_seed(3)
+    delta = {k: torch.randn(v.shape, generator=g) * 1e-3 for k, v in params.items()}
+    for client in (0, 2):
+        algo.release({"delta": delta}, client, RoundContext(1, params, algo.hyper(1), {}))
+    k = algo.k(algo.dims)
+    assert calls == [(2.0 * k, algo.split()[1])] * 2
