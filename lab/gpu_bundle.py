@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 from fedlib.cli import OneLineParser
-from fedlib.data import _CLASSES, IDX_FILES, data_dir
+from fedlib.data import DATASET_CLASS_NAMES, IDX_FILES, data_dir
 from fedlib.results import REPO_ROOT
 
 WHEEL_DIR = REPO_ROOT / ".whl"
@@ -61,22 +61,22 @@ def bundle_data(out: Path = DATA_BUNDLE, root: Path | None = None,
     (everything under ``out`` travels to the node). ``preset``: lzma's level (6: about 20 % smaller
     than gzip, 40 s for both datasets on a 2-core CPU; the tests use 0, which is fast)."""
     root = Path(root or data_dir())
-    datasets = list(_CLASSES) if datasets is None else datasets
-    unknown = sorted(set(datasets) - set(_CLASSES))
+    datasets = list(DATASET_CLASS_NAMES) if datasets is None else datasets
+    unknown = sorted(set(datasets) - set(DATASET_CLASS_NAMES))
     if unknown or not datasets:
-        raise ValueError(f"unknown datasets {unknown}; choose from {sorted(_CLASSES)}")
+        raise ValueError(f"unknown datasets {unknown}; choose from {sorted(DATASET_CLASS_NAMES)}")
     files = []
     for name in datasets:
-        src_dir = root / _CLASSES[name].__name__ / "raw"
+        src_dir = root / DATASET_CLASS_NAMES[name] / "raw"
         missing = [f for f in IDX_FILES if not (src_dir / f).exists()]
         if missing:
             raise FileNotFoundError(f"{name}: {', '.join(missing)} not in {src_dir} (run make data first)")
     for name in datasets:
-        cls = _CLASSES[name]
-        src_dir = root / cls.__name__ / "raw"
-        (out / cls.__name__).mkdir(parents=True, exist_ok=True)
+        folder = DATASET_CLASS_NAMES[name]
+        src_dir = root / folder / "raw"
+        (out / folder).mkdir(parents=True, exist_ok=True)
         for f in IDX_FILES:
-            dst = out / cls.__name__ / f"{f}.xz"
+            dst = out / folder / f"{f}.xz"
             if not dst.exists():
                 tmp = dst.with_suffix(".tmp")
                 with open(src_dir / f, "rb") as fi, lzma.open(tmp, "wb", preset=preset) as fo:
@@ -95,7 +95,7 @@ def carried_datasets(bundle: Path = DATA_BUNDLE) -> set[str] | None:
     """The datasets (``fashionmnist``, ``mnist``) whose files ``bundle`` holds; None without a bundle."""
     if not bundle.is_dir():
         return None
-    names = {c.__name__: n for n, c in _CLASSES.items()}
+    names = {c: n for n, c in DATASET_CLASS_NAMES.items()}
     return {names[d.name] for d in bundle.iterdir() if d.name in names and any(d.glob("*.[gx]z"))}
 
 
@@ -128,7 +128,8 @@ def tracked_size() -> int:
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m lab.gpu_bundle", description=__doc__.splitlines()[0])
     p.add_argument("--python-version", default="3.12", help="the node's Python (default 3.12)")
-    p.add_argument("--datasets", nargs="+", choices=sorted(_CLASSES), default=sorted(_CLASSES),
+    names = sorted(DATASET_CLASS_NAMES)
+    p.add_argument("--datasets", nargs="+", choices=names, default=names,
                    help="datasets to bundle (default: all; both do not fit beside the repository in 64 MiB)")
     args = p.parse_args(argv)
     wheels = download_wheels(python_version=args.python_version)

@@ -205,7 +205,8 @@ _METRICS = ("the MetricRecord a round returns goes to Flower's log only; the res
 _ON_ROUND = ("on_round writes the result file and the progress bar after the round's release and "
              "accounting; a wrong wall time or a crash here changes no released value (a crash ends "
              "the run with an error)")
-_ON_ROUND_CALL = "self.on_round(ctx.t, {**rec, TRANSPORT: transport(replies)}, time.time() - t0)"
+_ON_ROUND_CALL = ("self.on_round(ctx.t, {**rec, TRANSPORT: transport(replies, t0, received)}, "
+                  "time.time() - t0)")
 _NUMERIC = "numeric = {k: float(v) for k, v in rec.items() if isinstance(v, (int, float)) and v == v}"
 _GROUP_LINE = "message_type=MessageType.TRAIN, group_id=str(server_round))"
 _JOB = 'self.job = {"config": json.dumps(experiment.config.to_dict()), "threads": threads}'

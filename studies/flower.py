@@ -146,6 +146,42 @@ def timing_summary(timing: pd.DataFrame) -> str:
     return text
 
 
+#: The phases of a deployment message that fedlib's own code spends (its imports, reading the node's
+#: data, the client state, training and encoding the reply); the rest is Flower's or PyTorch's import.
+FEDLIB_PHASES = ("fedlib imports", "reading the node's data")
+#: What fedlib's per-message overhead (its imports and reading the node's data) may take (issue 66).
+FEDLIB_OVERHEAD_TARGET_S = 0.5
+
+
+def message_breakdown() -> tuple[pd.DataFrame, dict] | None:
+    """Per configuration, the seconds each phase of a deployment's train message takes (the latest
+    committed Flower benchmark that measured them, :func:`fedlib.flower.bench.message_phases`), and
+    that file's provenance; None when no committed benchmark has them."""
+    for f in sorted((REPO_ROOT / "data" / "bench" / "flower").glob("*.json"), reverse=True):
+        d = json.loads(f.read_text())
+        rows = [r for r in d["rows"] if r.get("message_phases")]
+        if rows:
+            table = pd.DataFrame({r["method"]: r["message_phases"] for r in rows}).T
+            return table, {**d["provenance"], "time": d["time"], "file": f.name}
+    return None
+
+
+def breakdown_summary(table: pd.DataFrame) -> str:
+    """What the breakdown says, generated from it: fedlib's own share of a message against its target,
+    and where the rest goes."""
+    own = table[list(FEDLIB_PHASES)].sum(axis=1)
+    total = table.sum(axis=1)
+    flower = total - own - table["training"] - table["PyTorch import"]
+    verdict = "within" if float(own.max()) <= FEDLIB_OVERHEAD_TARGET_S else "above"
+    return (f"What fedlib's code adds to a message before it trains, its imports and reading the node's "
+            f"data, took {_span(own, '.2f')} s ({verdict} the {FEDLIB_OVERHEAD_TARGET_S:g} s it may take); "
+            f"PyTorch's import {_span(table['PyTorch import'], '.1f')} s, which every fresh process that "
+            f"trains with it pays; training {_span(table['training'], '.1f')} s; and Flower's own work "
+            f"(scheduling the message, starting the ClientApp process and its imports, carrying the reply "
+            f"back) "
+            f"{_span(flower, '.1f')} s of the {_span(total, '.1f')} s a message took.")
+
+
 def dp_table(rows: list[dict]) -> pd.DataFrame:
     """The DP cross-check (:func:`fedlib.flower.dp_check.cross_check`) as a readable table."""
     t = pd.DataFrame(rows)

@@ -229,3 +229,59 @@ def test_the_benchmark_gives_each_path_as_a_multiple_of_the_engine_and_the_page_
     assert "started 3 ClientApp processes per round" in text
     assert "In the Flower deployment (3 SuperNodes) most of a round is not training" in text
     assert "In the Flower simulation" not in text  # 1.5 times: neither close to the engine nor overhead
+
+
+def test_a_clientapp_process_imports_only_what_a_client_needs():
+    """Issue 66: Flower starts a fresh ClientApp process per message, so what fedlib imports there is
+    paid every round: not torchvision (datasets), dp-accounting and scipy (accounting) or pandas."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import sys, fedlib.flower.client; print(sorted(m for m in "
+                          "('torchvision', 'dp_accounting', 'scipy', 'pandas') if m in sys.modules))"],
+                         capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_messages_phases_come_from_its_timestamps():
+    from fedlib.flower.server import PHASES, message_phases
+
+    stamps = {"process_start": 10.5, "fedlib_import_start": 11.0, "torch_imported": 12.0,
+              "imports_done": 12.2, "message_start": 12.2, "data_done": 12.25, "train_start": 12.25,
+              "train_done": 13.0,
+              "reply_done": 13.1}
+    phases = message_phases(stamps, sent=10.0, received=14.0)
+    assert [name for name, _, _ in PHASES] == list(phases)
+    assert phases["PyTorch import"] == pytest.approx(1.0) and phases["training"] == pytest.approx(0.75)
+    assert sum(phases.values()) == pytest.approx(4.0)  # the phases tile the message, sent to received
+    reused = message_phases({**stamps, "process_start": 1.0, "fedlib_import_start": 1.1}, sent=10.0,
+                            received=14.0)
+    assert reused["PyTorch import"] == reused["fedlib imports"] == 0.0  # a process started earlier
+
+
+def test_the_prompt_grid_returns_the_same_replies_as_it_polls():
+    from types import SimpleNamespace
+
+    from fedlib.flower.server import PromptGrid
+
+    class Fake:
+        def __init__(self):
+            self.pulls = 0
+
+        def push_messages(self, messages):
+            return ["a", "b"]
+
+        def pull_messages(self, ids):
+            self.pulls += 1
+            ready = {1: ["a"], 3: ["b"]}.get(self.pulls, [])
+            return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i))
+                    for i in ready if i in ids]
+
+        def get_node_ids(self):
+            return [7]
+
+    fake = Fake()
+    grid = PromptGrid(fake)
+    replies = list(grid.send_and_receive([object(), object()]))
+    assert [r.metadata.reply_to_message_id for r in replies] == ["a", "b"] and fake.pulls == 3
+    assert grid.get_node_ids() == [7]

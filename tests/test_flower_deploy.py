@@ -182,7 +182,9 @@ def test_the_deploy_command_is_secure_and_secret_unless_told_otherwise(monkeypat
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(deploy_mod, "deploy", fake_deploy)
-    base = ["deploy", "--algorithm", "fedavg", "--clients", "4", "--rounds", "1"]
+    base = ["deploy", "--algorithm", "dp_fedavg", "--clients", "4", "--rounds", "1"]
     assert cli.main(base) == 1
     assert cli.main([*base, "--randomness", "seeded", "--insecure"]) == 1
-    assert seen == [("secret", True), ("seeded", False)]
+    # an algorithm without a privacy mechanism reads no randomness: it keeps the default (issue 65)
+    assert cli.main(["deploy", "--algorithm", "fedavg", "--clients", "4", "--rounds", "1"]) == 1
+    assert seen == [("secret", True), ("seeded", False), ("seeded", True)]

@@ -72,7 +72,17 @@ def measure_deployment(config: Config, nodes: int = 3) -> dict:
             "peak_rss_mb": flower["peak_rss_mb"], "engine": f"flower deployment ({nodes} SuperNodes)",
             "test_acc": result.final["test_acc"],
             "messages_per_round": statistics.mean(flower["messages_per_round"]),
-            "clientapp_processes_per_round": statistics.mean(flower["clientapp_processes_per_round"])}
+            "clientapp_processes_per_round": statistics.mean(flower["clientapp_processes_per_round"]),
+            "message_phases": message_phases(flower.get("message_phases_per_round", []))}
+
+
+def message_phases(per_round: list[dict[str, float]]) -> dict[str, float]:
+    """Seconds of each phase of a train message (:data:`fedlib.flower.server.PHASES`, the mean over a
+    round's messages), the median over the rounds after the first."""
+    rounds = per_round[1:] or per_round
+    if not rounds:
+        return {}
+    return {name: statistics.median(r.get(name, 0.0) for r in rounds) for name in rounds[0]}
 
 
 def compare(configs: dict[str, Config], cpus: int | None = None, nodes: int = 0) -> list[dict]:

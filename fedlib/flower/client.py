@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,25 @@ from fedlib.flower.records import from_records, to_records
 from fedlib.tree import index, stack
 
 app = ClientApp()
+
+import fedlib  # noqa: E402 (already imported: the package's own import times)
+
+
+def _process_start() -> float:
+    """When this process started (epoch seconds; Linux ``/proc``, 10 ms resolution; else now)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+#: What this ClientApp process did before its first message: started, began importing fedlib, had
+#: PyTorch, had the ClientApp module (epoch seconds; a deployment starts one process per message).
+STARTUP = {"process_start": _process_start(), "fedlib_import_start": fedlib.IMPORT_STARTED,
+           "torch_imported": fedlib.TORCH_IMPORTED, "imports_done": time.time()}
 
 #: The nodes this process plays for its current config, by (config key, node); a simulation worker
 #: serves many virtual nodes of one run in turn.
@@ -121,7 +141,8 @@ def _node(config: Config, context: Context) -> NodeClients:
         del _CACHE[old]
     if deployed:  # this node's own file for this run
         name = str(context.run_config["fedlib-node-data"]).format(node=int(context.node_config["node-id"]))
-        d = torch.load(Path(str(context.node_config["data-dir"])) / name, weights_only=True)
+        # memory-mapped: the node's tensors are read as the clients touch them, not copied up front
+        d = torch.load(Path(str(context.node_config["data-dir"])) / name, weights_only=True, mmap=True)
         if d["config_key"] != key:
             raise ValueError(f"the node's data file was written for config {d['config_key']}, not {key}")
         node = NodeClients(config, d["x"], d["y"], d["sizes"])
@@ -171,8 +192,10 @@ def train_reply(msg: Message, context: Context) -> Message:
     ``context.state``, and one reply carrying every client's upload and metrics, stacked in the
     order of the message's ``clients``. Not decorated, so that the mutation run of the privacy code
     can edit it (mutmut leaves decorated functions alone)."""
+    started = time.time()
     job, config = _job(msg)
     node = _node(config, context)
+    data_done = time.time()
     cids, t = [int(c) for c in json.loads(str(job["clients"]))], int(job["round"])
     foreign = [c for c in cids if c not in node.rows]
     if foreign or not cids or len(set(cids)) != len(cids):
@@ -191,12 +214,16 @@ def train_reply(msg: Message, context: Context) -> Message:
 
     cstates = [state(c) for c in cids]
     # the engine's sequential path for these clients, each one's local randomiser (local DP) included
+    train_start = time.time()
     uploads, new_cstates, metrics = node.run(cids, t, stack(cstates), ctx)
+    train_done = time.time()
     for i, c in enumerate(cids):
         context.state[f"{prefix}{c}"] = to_records(index(new_cstates, i))[0]
     upload, _ = to_records(uploads)
     metric_arrays, _ = to_records(metrics)
     # the clients answered for, and the process that trained them (the server counts processes per
     # round); no sample counts: the server weights by the sizes it derives from the config
-    info = ConfigRecord({"clients": json.dumps(cids), "pid": os.getpid()})
+    timing = {**STARTUP, "message_start": started, "data_done": data_done, "train_start": train_start,
+              "train_done": train_done, "reply_done": time.time()}
+    info = ConfigRecord({"clients": json.dumps(cids), "pid": os.getpid(), "timing": json.dumps(timing)})
     return Message(RecordDict({"upload": upload, "metrics": metric_arrays, "info": info}), reply_to=msg)

@@ -119,6 +119,8 @@ class ResultWriter:
             if self.transport:  # what one round cost in messages and ClientApp processes
                 flower["messages_per_round"] = [r["messages"] for r in self.transport]
                 flower["clientapp_processes_per_round"] = [r["processes"] for r in self.transport]
+                if any("phases" in r for r in self.transport):  # seconds per phase of a message, per round
+                    flower["message_phases_per_round"] = [r.get("phases", {}) for r in self.transport]
                 flower["max_clientapp_processes_per_node"] = max(r["max_processes_per_node"]
                                                                  for r in self.transport)
             if self.launched_at is not None:

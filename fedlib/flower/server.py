@@ -70,15 +70,46 @@ def _raise_errors(replies: list[Message]) -> None:
 
 
 # pragma: no mutate start (counting messages and processes: not privacy code)
-def transport(replies: list[Message]) -> dict[str, int]:
-    """A round's train messages, the nodes they went to, and the distinct ClientApp processes
-    that answered (Flower's Deployment Runtime starts one per message), at most per node."""
+#: The phases of one train message, from the timestamps its ClientApp records (fedlib.flower.client) and
+#: the server's send and receive times: (name, from, to).
+PHASES = (("to ClientApp start", "sent", "process_start"),
+          ("Flower's process start and imports", "process_start", "fedlib_import_start"),
+          ("PyTorch import", "fedlib_import_start", "torch_imported"),
+          ("fedlib imports", "torch_imported", "imports_done"),
+          ("Flower: app to message", "imports_done", "message_start"),
+          ("reading the node's data", "message_start", "data_done"),
+          ("client state", "data_done", "train_start"),
+          ("training", "train_start", "train_done"),
+          ("reply encoding", "train_done", "reply_done"),
+          ("reply to the server", "reply_done", "received"))
+
+
+def message_phases(timing: dict, sent: float, received: float) -> dict[str, float]:
+    """Seconds of each :data:`PHASES` phase of one message (a process that served an earlier
+    message too has no start-up phases: they are 0)."""
+    t = {**timing, "sent": sent, "received": received}
+    if t["process_start"] < sent:  # a process that was already running (not one per message)
+        for k in ("process_start", "fedlib_import_start", "torch_imported", "imports_done"):
+            t[k] = sent
+    return {name: max(0.0, t[b] - t[a]) for name, a, b in PHASES}
+
+
+def transport(replies: list[Message], sent: float | None = None, received: float | None = None) -> dict:
+    """A round's train messages, the nodes they went to, the distinct ClientApp processes that
+    answered (Flower's Deployment Runtime starts one per message), at most per node, and (with the
+    round's send and receive times) the mean seconds of each phase of a message (:data:`PHASES`)."""
     per_node: dict[int, set[int]] = {}
+    phases: list[dict[str, float]] = []
     for r in replies:
         per_node.setdefault(r.metadata.src_node_id, set()).add(int(r.content["info"]["pid"]))
-    return {"messages": len(replies), "nodes": len(per_node),
-            "processes": sum(len(p) for p in per_node.values()),
-            "max_processes_per_node": max((len(p) for p in per_node.values()), default=0)}
+        if sent is not None and "timing" in r.content["info"]:
+            phases.append(message_phases(json.loads(str(r.content["info"]["timing"])), sent, received))
+    out = {"messages": len(replies), "nodes": len(per_node),
+           "processes": sum(len(p) for p in per_node.values()),
+           "max_processes_per_node": max((len(p) for p in per_node.values()), default=0)}
+    if phases:
+        out["phases"] = {name: sum(p[name] for p in phases) / len(phases) for name, _, _ in PHASES}
+    return out
 
 
 # pragma: no mutate end
@@ -132,6 +163,7 @@ class FedlibStrategy(Strategy):
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         assert self._round is not None
+        received = time.time()
         selected, ctx, t0 = self._round
         replies = list(replies)
         _raise_errors(replies)
@@ -152,7 +184,7 @@ class FedlibStrategy(Strategy):
             uploads = stack([index(by_client[c][0], by_client[c][2]) for c in selected])
             metrics = stack([index(by_client[c][1], by_client[c][2]) for c in selected])
         rec = self.exp.aggregate(selected, ctx, uploads, metrics)
-        self.on_round(ctx.t, {**rec, TRANSPORT: transport(replies)}, time.time() - t0)
+        self.on_round(ctx.t, {**rec, TRANSPORT: transport(replies, t0, received)}, time.time() - t0)
         numeric = {k: float(v) for k, v in rec.items() if isinstance(v, (int, float)) and v == v}
         return to_records(self.exp.gparams)[0], MetricRecord(numeric)
 
@@ -167,6 +199,36 @@ class FedlibStrategy(Strategy):
 
 
 # pragma: no mutate start (wiring the apps for a simulation or a deployment: not privacy code)
+#: How often the ServerApp asks the SuperLink for replies, in seconds (Flower's own grid sleeps 3 s
+#: between two asks: up to 3 s of every deployment round spent waiting for a reply already there).
+POLL_S = 0.05
+
+
+class PromptGrid:
+    """A Flower ``Grid`` whose ``send_and_receive`` asks for the replies every :data:`POLL_S` seconds
+    instead of every 3 s; the same messages go out and the same replies come back (Flower's public
+    ``push_messages`` and ``pull_messages``). Everything else is the wrapped grid's."""
+
+    def __init__(self, grid: Grid):
+        self._grid = grid
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        pending = set(self._grid.push_messages(messages))
+        end = time.time() + (timeout if timeout is not None else 0.0)
+        replies: list[Message] = []
+        while pending and (timeout is None or time.time() < end):
+            got = list(self._grid.pull_messages(pending))
+            replies += got
+            pending -= {m.metadata.reply_to_message_id for m in got}
+            if pending:
+                time.sleep(POLL_S)
+        return replies
+
+
 def server_app(configs: list[Config] | None, start: Callable[[Config], Any],
                on_round: Callable[[int, dict, float], None], threads: int = 1) -> ServerApp:
     """A ``ServerApp`` that trains ``configs`` one after another with :class:`FedlibStrategy` over
@@ -176,6 +238,7 @@ def server_app(configs: list[Config] | None, start: Callable[[Config], Any],
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        grid = PromptGrid(grid)
         todo = configs or [Config.from_dict(json.loads(str(context.run_config["fedlib-config"]))).validate()]
         for cfg in todo:
             exp = start(cfg)

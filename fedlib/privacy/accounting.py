@@ -27,13 +27,25 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import dp_accounting as dpa
 import numpy as np
-from absl import logging as absl_logging
-from dp_accounting import pld, rdp
 
-absl_logging.set_verbosity(absl_logging.ERROR)  # silence harmless fractional-order warnings
+if TYPE_CHECKING:
+    import dp_accounting as dpa
+
+
+@functools.cache
+def _dp_accounting():
+    """dp-accounting and its PLD and RDP modules, imported on first use: with scipy they take most of
+    a second to import, which a Flower ClientApp (a fresh process per message, which never accounts)
+    should not pay."""
+    import dp_accounting
+    from absl import logging as absl_logging
+    from dp_accounting import pld, rdp
+
+    absl_logging.set_verbosity(absl_logging.ERROR)  # silence harmless fractional-order warnings
+    return dp_accounting, pld, rdp
 
 
 def classic_gaussian_sigma(epsilon: float, delta: float) -> float:
@@ -44,6 +56,7 @@ def classic_gaussian_sigma(epsilon: float, delta: float) -> float:
 
 def gaussian_sigma(epsilon: float, delta: float) -> float:
     """Noise multiplier (std / L2 sensitivity) of the analytic Gaussian mechanism."""
+    dpa, pld, rdp = _dp_accounting()
     if not epsilon > 0 or not 0 < delta < 1:
         raise ValueError(f"need epsilon > 0 and 0 < delta < 1, got {epsilon}, {delta}")
     return float(dpa.get_sigma_gaussian(epsilon, delta))
@@ -51,6 +64,7 @@ def gaussian_sigma(epsilon: float, delta: float) -> float:
 
 def gdp_epsilon(noise_multipliers: Sequence[float], delta: float) -> float:
     """Exact epsilon at ``delta`` of unsampled Gaussian releases with multipliers ``z_t``."""
+    dpa, pld, rdp = _dp_accounting()
     zs = list(noise_multipliers)
     if not zs:
         return 0.0
@@ -59,6 +73,7 @@ def gdp_epsilon(noise_multipliers: Sequence[float], delta: float) -> float:
 
 
 def _event(z: float, q: float) -> dpa.DpEvent:
+    dpa, pld, rdp = _dp_accounting()
     g = dpa.GaussianDpEvent(z)
     return g if q >= 1 else dpa.PoissonSampledDpEvent(q, g)
 
@@ -69,6 +84,7 @@ def _accountant(kind: str, replace_one: bool = False):
     not by adding or removing one; only the PLD accountant supports it for Poisson sampling, with the
     dominating pair ``(1-q) N(0) + q N(-1)`` against ``(1-q) N(0) + q N(1)`` (dp-accounting's
     ``NeighboringRelation.REPLACE_ONE``; Zhu, Dong, Wang, ICML 2022)."""
+    dpa, pld, rdp = _dp_accounting()
     if kind == "pld":
         return pld.PLDAccountant(dpa.NeighboringRelation.REPLACE_ONE if replace_one
                                  else dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
@@ -83,6 +99,7 @@ def epsilon_of_gaussian_rounds(noise_multipliers: Sequence[float], delta: float,
                                accountant: str = "pld", replace_one: bool = False) -> float:
     """Total epsilon at ``delta`` of one Gaussian release per round (multipliers ``z_t``), for
     neighbours that add or remove one unit, or (``replace_one``, PLD only) replace one."""
+    dpa, pld, rdp = _dp_accounting()
     acc = _accountant(accountant, replace_one)
     zs = list(noise_multipliers)
     if not zs:
@@ -108,6 +125,7 @@ def _rdp_of_one_round(z: float, q: float) -> tuple[np.ndarray, np.ndarray]:
     keeps the curve in ``_orders``/``_rdp`` (no public getter); a test checks this path against
     ``get_epsilon``.
     """
+    dpa, pld, rdp = _dp_accounting()
     acc = rdp.RdpAccountant()
     acc.compose(_event(z, q))
     orders, values = np.array(acc._orders, dtype=np.float64), np.array(acc._rdp, dtype=np.float64)
@@ -124,6 +142,7 @@ def calibrate_constant_noise(target_epsilon: float, delta: float, rounds: int, q
     With sampling, dp-accounting bisects on the chosen accountant (from its default bracket, which
     doubles from 1 until the target is met; PLD there takes seconds per composition, RDP is fast).
     """
+    dpa, pld, rdp = _dp_accounting()
     if not 0 < q <= 1:
         raise ValueError(f"sampling rate q must be in (0, 1], got {q}")
     _accountant(accountant)  # a clear error for an unknown name before any work
@@ -147,6 +166,7 @@ def calibrate_replace_one(target_epsilon: float, delta: float, rounds: int, q: f
     sampling dp-accounting bisects (to 1e-3) between ``q z_1 / 2`` (sampling amplifies by about ``q``
     at most) and ``z_1`` (sampling never hurts), returning a multiplier whose epsilon is at most the
     target."""
+    dpa, pld, rdp = _dp_accounting()
     if not 0 < q <= 1 or not target_epsilon > 0 or rounds < 1:
         raise ValueError(f"need 0 < q <= 1, epsilon > 0, rounds >= 1; got q={q}, epsilon={target_epsilon}, "
                          f"rounds={rounds}")
@@ -170,6 +190,7 @@ INTEGER_ORDERS: tuple[int, ...] = (*range(2, 129), 160, 192, 256, 384, 512, 768,
 def rdp_curve(z: float, q: float = 1.0) -> np.ndarray:
     """RDP of one (Poisson-sampled, rate ``q``) Gaussian release with multiplier ``z`` at
     :data:`INTEGER_ORDERS` (dp-accounting's computation; ``q = 1``: ``a / (2 z^2)``)."""
+    dpa, pld, rdp = _dp_accounting()
     if z <= 0:
         return np.full(len(INTEGER_ORDERS), np.inf)
     if q >= 1:
@@ -184,6 +205,7 @@ def rdp_curve(z: float, q: float = 1.0) -> np.ndarray:
 
 def epsilon_from_rdp(curve: np.ndarray, delta: float) -> float:
     """The (epsilon, delta) conversion of dp-accounting (Balle et al. 2020) at the integer orders."""
+    dpa, pld, rdp = _dp_accounting()
     return float(rdp.rdp_privacy_accountant.compute_epsilon(list(INTEGER_ORDERS), curve, delta)[0])
 
 
