@@ -136,6 +136,11 @@ class Algorithm:
         it can be drawn before the uploads arrive (:func:`fedlib.privacy.central.prefetch_noisy_sum`).
         Nothing here."""
 
+    def client_hyper(self, t: int) -> dict[str, float]:
+        """Round ``t``'s hyperparameters as a client needs them (a Flower ClientApp builds its round
+        context from these): :meth:`hyper` here; an algorithm may leave out what only its server reads."""
+        return self.hyper(t)
+
     def bind_clients(self, sizes: list[int]) -> None:
         """Called once by the run, before training, with each client's number of training
         samples (record-level DP calibrates its noise from them). Nothing here."""

@@ -193,7 +193,7 @@ class MoonDpap(Moon):
 
     def __init__(self, config: Config, model):
         super().__init__(config, model)
-        self.z = noise_multipliers(config)
+        self._z: list[float] | None = None  # the noise schedule, computed on first use (z)
         self.record: dict | None = None  # record-level DP-SGD's calibration (bind_clients)
         # pragma: no mutate start (the tau and mu schedules: not privacy code)
         total = config.rounds
@@ -242,7 +242,24 @@ class MoonDpap(Moon):
                             batch["noise"])
 
     # ---- schedules ----------------------------------------------------------------------
+    @property
+    def z(self) -> list[float]:
+        """``z_t`` of every round (client-level modes; empty otherwise), computed on first use: the
+        clients of a central run never need it (the server adds the noise), and a Flower ClientApp,
+        a fresh process per message, then does not import the accountant to compute it."""
+        if self._z is None:
+            self._z = noise_multipliers(self.config)
+        return self._z
+
+    def client_hyper(self, t: int) -> dict[str, float]:
+        """What a client needs of round ``t``'s schedule: the noise multiplier only where the client adds
+        the noise itself (local mode; record-level DP-SGD's is its own calibration)."""
+        return self._hyper(t, noise=self.config.dp in ("local", "record"))
+
     def hyper(self, t: int) -> dict[str, float]:
+        return self._hyper(t, noise=True)
+
+    def _hyper(self, t: int, noise: bool) -> dict[str, float]:
         c, total = self.config, self.config.rounds
         # pragma: no mutate start (the learning-rate, tau and mu schedules: not privacy code)
         lr = schedules.cosine_lr(t, total, c.lr, c.lr_min) if c.cosine_lr else c.lr
@@ -252,6 +269,8 @@ class MoonDpap(Moon):
         if self.config.dp == "formula":  # eq. 5's nominal epsilon of the round (eq. 4 takes it)
             schedule["epsilon_nominal"] = schedules.epsilon_schedule(t, total, c.dp_epsilon_per_round,
                                                                      c.dp_eps_floor)
+        if not noise:
+            return {**super().hyper(t), **schedule}
         return {**super().hyper(t), **schedule,
                 "noise_multiplier": self.z[t] if self.z else (self.record or {}).get("sigma", 0.0)}
 

@@ -203,7 +203,7 @@ def train_reply(msg: Message, context: Context) -> Message:
     algo = node.algo
     gparams = from_records(msg.content["global"])
     shared = from_records(msg.content["shared"], msg.content["shared_scalars"])
-    ctx = RoundContext(t, gparams, algo.hyper(t), shared)
+    ctx = RoundContext(t, gparams, algo.client_hyper(t), shared)
     prefix = f"{STATE_PREFIX}{config.key()}."
     for old in [k for k in context.state if k.startswith(STATE_PREFIX) and not k.startswith(prefix)]:
         del context.state[old]  # a node serves one run at a time: drop an earlier run's states

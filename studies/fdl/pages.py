@@ -273,6 +273,20 @@ def fig3_context(profile: str) -> tuple[float, float, float, float]:
     return untrained_accuracy(config_for("noldp", profile, 0, "iid")), snr, top, low
 
 
+def noldp_reference(profile: str = "paper", n_seeds: int | None = None) -> np.ndarray | None:
+    """FDL's non-private reference (NoLDP-FL: FedAvg, IID) at ``profile``: the final accuracies (%) of
+    its committed runs, one per seed, or None while any is missing (nothing is trained here)."""
+    from fedlib.results import load_cached
+    from studies.common import read_roots, write_root
+
+    roots = [*read_roots(), write_root()]
+    configs = sweep(profile, n_seeds, epsilons=(max(EPSILONS),), partitions=("iid",), controls=False)
+    found = [load_cached(c, roots) for c in configs[("noldp", "iid", math.inf)]]
+    if any(r is None for r in found):
+        return None
+    return np.array([100 * r.final["test_acc"] for r in found])
+
+
 def ldp_mean_floor(dims: int, clients: int, epsilon: float) -> float:
     """How large, relative to the signal, the error of ANY epsilon-LDP estimate of the clients' mean
     update must be, up to a universal constant: ``sqrt(d / (n eps^2))`` for vectors in an L2 ball
