@@ -166,6 +166,33 @@ def message_breakdown() -> tuple[pd.DataFrame, dict] | None:
     return None
 
 
+def before_after() -> str:
+    """A sentence comparing the latest Flower benchmark with a baseline measured on the same host the
+    same day with older code (``data/bench/flower/<device>-<date>-baseline-<commit>.json``), when one is
+    committed: deployment seconds per round and their ratio to the engine, both generated from the files."""
+    folder = REPO_ROOT / "data" / "bench" / "flower"
+    files = sorted(f for f in folder.glob("*.json") if "baseline" not in f.name)
+    if not files:
+        return ""
+    latest = files[-1]
+    base = sorted(folder.glob(f"{latest.stem}-baseline-*.json"))
+    if not base:
+        return ""
+
+    def deployment(path):
+        d = json.loads(path.read_text())
+        return {r["method"]: (r["s_per_round"], r["ratio_s_per_round"]) for r in d["rows"]
+                if r["engine_name"].startswith("Flower deployment")}, d["provenance"]["git_commit"][:7]
+
+    now, commit_now = deployment(latest)
+    before, commit_before = deployment(base[-1])
+    parts = [f"{m}: {before[m][0]:.1f} s a round ({before[m][1]:.1f} times the engine) at `{commit_before}`, "
+             f"{now[m][0]:.1f} s ({now[m][1]:.1f} times) at `{commit_now}`" for m in now if m in before]
+    return ("On the same host the same day, a deployment round before and after fedlib's ClientApp stopped "
+            "importing what it does not use and its ServerApp stopped waiting 3 s between asks for "
+            "replies: " + "; ".join(parts) + ".")
+
+
 def breakdown_summary(table: pd.DataFrame) -> str:
     """What the breakdown says, generated from it: fedlib's own share of a message against its target,
     and where the rest goes."""

@@ -291,3 +291,18 @@ def test_the_prompt_grid_returns_the_same_replies_as_it_polls():
     replies = list(grid.send_and_receive([object(), object()]))
     assert [r.metadata.reply_to_message_id for r in replies] == ["a", "b"] and fake.pulls == 3
     assert grid.get_node_ids() == [7]
+
+
+def test_the_breakdown_summary_is_read_off_its_table():
+    import pandas as pd
+
+    from fedlib.flower.server import PHASES
+    from studies import flower as page
+
+    row = {name: 0.1 for name, _, _ in PHASES}
+    table = pd.DataFrame([{**row, "PyTorch import": 1.9, "training": 0.6, "fedlib imports": 0.08,
+                           "reading the node's data": 0.02}], index=["FedAvg"])
+    text = page.breakdown_summary(table)
+    assert "took 0.10 s (within the 0.5 s" in text and "PyTorch's import 1.9 s" in text
+    over = table.assign(**{"fedlib imports": 0.9})
+    assert "(above the 0.5 s" in page.breakdown_summary(over)
