@@ -19,8 +19,11 @@ RUN = [sys.executable, "-m", "fedlib", "run", "--algorithm", "fedavg", "--client
 
 def _stopped(tmp_path: Path, engine: str, sig: int) -> tuple[int, list[str], Path]:
     env = {**os.environ, "FEDLIB_RESULTS_DIR": str(tmp_path / "results")}
+    # a test run in the background (nohup, `&` in a script) inherits SIGINT ignored, and Python then
+    # keeps ignoring it: the child gets the default disposition back, as a terminal's process has
     proc = subprocess.Popen([*RUN, "--engine", engine], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     ckpts = tmp_path / "results" / "checkpoints"
     deadline = time.time() + 120
     while not (ckpts.is_dir() and list(ckpts.glob("*.pt"))) and time.time() < deadline:
