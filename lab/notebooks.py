@@ -128,6 +128,26 @@ def record_timing(stem: str, wall_s: float, profile: str, run_log: Path) -> tupl
     return payload["computed_now"], len(runs) - payload["computed_now"]
 
 
+def kernel_manager_class() -> type:
+    """The kernel manager papermill starts each page's kernel with: jupyter_client's own, asking for
+    CurveZMQ encryption of the kernel's sockets where the kernel declares support and pyzmq has it
+    (``transport_encryption="auto"``; ipykernel >= 7.3 otherwise warns on every start that its TCP
+    sockets are unencrypted, one line per page of ``make book``). Where pyzmq lacks Curve, the
+    default (unencrypted, with the warning)."""
+    import zmq
+    from jupyter_client.manager import AsyncKernelManager
+
+    if not zmq.has("curve") or not AsyncKernelManager.class_traits().get("transport_encryption"):
+        return AsyncKernelManager
+
+    class EncryptedKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.transport_encryption = "auto"
+
+    return EncryptedKernelManager
+
+
 def execute(src: Path, dst: Path, parameters: dict, kernel: str = "python3") -> None:
     """Run ``src`` with ``parameters``; write ``dst`` atomically (only if it succeeds)."""
     import nbformat
@@ -137,7 +157,8 @@ def execute(src: Path, dst: Path, parameters: dict, kernel: str = "python3") -> 
     tmp = dst.with_name(f".{dst.stem}.tmp.ipynb")
     try:
         pm.execute_notebook(str(src), str(tmp), parameters=parameters, kernel_name=kernel,
-                            cwd=str(src.parent), progress_bar=False)
+                            cwd=str(src.parent), progress_bar=False,
+                            kernel_manager_class=kernel_manager_class())
         nb = nbformat.read(tmp, as_version=4)
         for cell in nb.cells:
             tags = cell.metadata.setdefault("tags", [])
