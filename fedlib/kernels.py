@@ -17,6 +17,13 @@ operations (:mod:`fedlib.privacy.philox`), every lane of a vectorized step in on
 items 1 and 3). A CPU result records these two only when they are not the default. And
 ``host_memory``, whether CPU training keeps freed host memory for the next step
 (:mod:`fedlib.host_memory`: ``system``, the default, or ``reuse``; the same numbers either way).
+
+The arithmetic of a result (:func:`arithmetic`): float32 on every device. PyTorch leaves TF32 on in
+cuDNN convolutions on Ampere and later (10-bit mantissas); fedlib turns it off at the first CUDA run of
+a process (:func:`make_deterministic`), so that a GPU run computes in the same float32 as a CPU run
+and a comparison never mixes TF32 and float32 runs (issue 64). ``lab.bench --options-sweep`` times
+the ``cudnn_tf32`` variant beside it; results trained before this default record ``cudnn_tf32: true``
+and :func:`arithmetic` calls them TF32.
 """
 
 from __future__ import annotations
@@ -53,6 +60,9 @@ if _OPTIONS["host_memory"] not in HOST_MEMORY:
 DEVICE_OPTIONS = {"lane_conv": "grouped", "step_noise": "generator"}
 #: Why the first capture of this process failed (empty: none failed); from then on the step is eager.
 _CAPTURE_FAILURE: list[str] = []
+#: Whether this process's TF32 setting of cuDNN convolutions has been chosen: by the first CUDA run
+#: (fedlib's default, off) or by an explicit :func:`set_kernel_options` (kept as chosen).
+_CONV_PRECISION_CHOSEN: list[bool] = []
 
 
 def note_capture_failure(reason: str) -> bool:
@@ -79,13 +89,29 @@ def make_deterministic() -> None:
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
     torch.use_deterministic_algorithms(True, warn_only=True)
+    if not _CONV_PRECISION_CHOSEN:  # float32 convolutions, as on a CPU (see the module's docstring)
+        torch.backends.cudnn.allow_tf32 = False
+        _CONV_PRECISION_CHOSEN.append(True)
+
+
+def arithmetic(meta: dict, precision: str = "float32") -> str:
+    """The arithmetic a result was trained in, from its provenance (``meta``) and its config's
+    ``precision``: ``TF32`` for a CUDA result whose recorded kernel settings (``meta.kernels``) had
+    TF32 on in cuDNN convolutions or float32 matmuls, else ``precision`` (``float32`` for every CPU
+    result and every CUDA result since float32 became the default)."""
+    kernels = meta.get("kernels") or {}
+    on_cuda = str(meta.get("device", "")).startswith("cuda")
+    if precision == "float32" and on_cuda and (kernels.get("cudnn_tf32") or kernels.get("matmul_tf32")):
+        return "TF32"
+    return precision
 
 
 def kernel_settings() -> dict[str, bool | str]:
     """The CUDA kernel settings in force now that change a GPU run's numbers or speed:
     deterministic cuDNN algorithms, cuDNN autotuning (``cudnn_benchmark``; with
     ``cudnn_deterministic`` it chooses among deterministic algorithms only), TF32 in cuDNN
-    convolutions (PyTorch's default: on) and in float32 matmuls (default: off), whether the
+    convolutions (PyTorch's default: on; fedlib's from the first CUDA run: off) and in float32
+    matmuls (default: off), whether the
     vectorized path replays its step as a CUDA graph (``cuda_graphs``, default: on) and whether a
     capture failed so that the step ran eagerly instead (``cuda_graphs_fell_back``). Every CUDA
     result records them in its provenance (``kernels``): two settings may round differently."""
@@ -126,6 +152,7 @@ def set_kernel_options(*, matmul_tf32: bool | None = None, cudnn_autotune: bool 
         torch.backends.cuda.matmul.allow_tf32 = bool(matmul_tf32)
     if cudnn_tf32 is not None:
         torch.backends.cudnn.allow_tf32 = bool(cudnn_tf32)
+        _CONV_PRECISION_CHOSEN[:] = [True]  # chosen: the first CUDA run keeps it
     if cudnn_autotune is not None:
         torch.backends.cudnn.benchmark = bool(cudnn_autotune)
     return kernel_settings()

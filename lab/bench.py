@@ -600,17 +600,21 @@ def benchmark(config: Config, device: torch.device, rounds: int = 3,
 
 
 #: The speed options ``--options-sweep`` compares with the defaults (issue 38, step 1): convolutions
-#: as one batched matmul over the lanes, TF32 in float32 matmuls, cuDNN autotuning, the two best
-#: together, and the eager step (what CUDA graphs save). The CUDA-only ones are left out on a CPU.
+#: as one batched matmul over the lanes, TF32 in float32 matmuls, TF32 in cuDNN convolutions
+#: (PyTorch's default, not fedlib's: what float32 convolutions cost, issue 64), cuDNN autotuning, the
+#: two best together, and the eager step (what CUDA graphs save). The CUDA-only ones are left out on a
+#: CPU. A variant with TF32 computes in another arithmetic than the results
+#: (:func:`fedlib.kernels.arithmetic`).
 SWEEP_VARIANTS: dict[str, dict[str, bool | str]] = {
     "default": {},
     "lane_conv=im2col": {"lane_conv": "im2col"},
     "matmul_tf32": {"matmul_tf32": True},
+    "cudnn_tf32": {"cudnn_tf32": True},
     "cudnn_autotune": {"cudnn_autotune": True},
     "lane_conv=im2col+matmul_tf32": {"lane_conv": "im2col", "matmul_tf32": True},
     "no cuda_graphs": {"cuda_graphs": False},
 }
-_CUDA_ONLY = {"matmul_tf32", "cudnn_autotune", "cuda_graphs"}
+_CUDA_ONLY = {"matmul_tf32", "cudnn_tf32", "cudnn_autotune", "cuda_graphs"}
 
 
 def options_sweep(config: Config, device: torch.device, rounds: int = 2, repeats: int = 2,
@@ -623,7 +627,8 @@ def options_sweep(config: Config, device: torch.device, rounds: int = 2, repeats
     variants = {name: v for name, v in SWEEP_VARIANTS.items() if cuda or not (v.keys() & _CUDA_ONLY)}
     now = kernel_settings()
     restore = {"lane_conv": now["lane_conv"], **({"matmul_tf32": now["matmul_tf32"],
-               "cudnn_autotune": now["cudnn_benchmark"], "cuda_graphs": now["cuda_graphs"]} if cuda else {})}
+               "cudnn_tf32": now["cudnn_tf32"], "cudnn_autotune": now["cudnn_benchmark"],
+               "cuda_graphs": now["cuda_graphs"]} if cuda else {})}
     path = default_path(device)
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(repeats):

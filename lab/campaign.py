@@ -49,7 +49,7 @@ from pathlib import Path
 from fedlib.cli import OneLineParser
 from fedlib.config import Config, ConfigError
 from fedlib.engine import PATHS
-from fedlib.kernels import set_kernel_options
+from fedlib.kernels import arithmetic, set_kernel_options
 from fedlib.results import (
     MIN_FREE_BYTES,
     REPO_ROOT,
@@ -136,6 +136,23 @@ def missing(per_page: dict[str, list[Config]], root: Path | None = None) -> list
         for c in cs:
             if c.key() not in seen and result_status(c, root) != "present":
                 seen.add(c.key())
+                out.append(c)
+    return out
+
+
+def tf32_results(per_page: dict[str, list[Config]], root: Path | None = None) -> list[Config]:
+    """Distinct configurations whose present result was trained in TF32
+    (:func:`fedlib.kernels.arithmetic`): GPU runs from before float32 became fedlib's GPU default.
+    A campaign on a GPU retrains them in float32 (:func:`run`: after the deciding steps, before the
+    rest), so that no comparison mixes the two arithmetics (issue 64)."""
+    out, seen = [], set()
+    for cs in per_page.values():
+        for c in cs:
+            if c.key() in seen:
+                continue
+            seen.add(c.key())
+            if result_status(c, root) == "present" and arithmetic(
+                    Result.load(result_path(c, root), expect=c).meta, c.precision) == "TF32":
                 out.append(c)
     return out
 
@@ -418,8 +435,10 @@ def trained_sentence(rows: list[dict]) -> str:
 
 def settled_claims(profile: str = "paper", root: Path | None = None) -> list[dict]:
     """Every claim whose runs are all trained at ``profile``: its paper and page, how many runs decide
-    it, on which devices, and the hours of training those runs record (:func:`run_seconds`, resumed
-    runs included; runs shared with other claims count for each); what the rerun page shows."""
+    it, on which devices, in which arithmetic (:func:`fedlib.kernels.arithmetic`: more than one means
+    the claim compares TF32 runs with float32 ones, issue 64), and the hours of training those runs
+    record (:func:`run_seconds`, resumed runs included; runs shared with other claims count for each);
+    what the rerun page shows."""
     rows = []
     for paper, page, needs, configs in claims_for(profile, None):
         distinct = list({c.key(): c for c in configs}.values())
@@ -427,8 +446,10 @@ def settled_claims(profile: str = "paper", root: Path | None = None) -> list[dic
             continue
         metas = [Result.load(result_path(c, root), expect=c).meta for c in distinct]
         devices = sorted({"GPU" if str(m.get("device", "")).startswith("cuda") else "CPU" for m in metas})
+        kinds = sorted({arithmetic(m, c.precision) for m, c in zip(metas, distinct, strict=True)})
         rows.append({"paper": paper, "page": page, "claim": needs, "runs": len(distinct),
-                     "devices": devices, "hours": sum(run_seconds(m) for m in metas) / 3600})
+                     "devices": devices, "arithmetic": kinds,
+                     "hours": sum(run_seconds(m) for m in metas) / 3600})
     return rows
 
 
@@ -482,7 +503,11 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
     ``carry_over`` (a machine that keeps its checkpoint folder, :func:`fedlib.results.checkpoint_dir`), the
     next batch in claims-first order starts whenever at least :data:`CARRY_OVER_MIN_ROUNDS` of its
     rounds fit: at the deadline it checkpoints after the round it is in, and the next ``run`` resumes
-    it, so a run longer than any one budget is trained across several."""
+    it, so a run longer than any one budget is trained across several.
+
+    On a GPU, the results a page needs that were trained in TF32 (:func:`tf32_results`) are trained
+    again in float32, replacing them (a few runs, minutes; the TF32 ones stay in git's history): after
+    the steps that decide a verdict an open issue names, before any other step."""
     if steps is not None and steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {steps}")
     start = time.time()
@@ -504,8 +529,26 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
         for c in cs:
             pages_of[c.key()].append(page)
     done, skipped, settled = 0, 0, 0
-    for claim_names, configs in order(todo, claims, _cost(per_sample, rc, gc),
-                                      deciding_claims(profile, n_seeds))[:steps]:
+    retrain = tf32_results(per_page, root) if device_kind() != "cpu" else []
+    retrained = 0
+
+    def train_tf32_again() -> int:  # float32 again where a result was trained in TF32 (issue 64)
+        n = 0
+        for group in groups(retrain, per_sample, rc):
+            for chunk in (group[i:i + max_batch] for i in range(0, len(group), max_batch)):
+                est = sum(estimate_s(c, per_sample, rc, gc) for c in chunk)
+                if math.isfinite(est) and est > deadline - time.time():
+                    continue
+                finished = run_many(chunk, engine=engine, root=root, progress=progress, deadline=deadline,
+                                    locked="skip", force=True)
+                n += sum(r is not None for r in finished)
+        retrain.clear()
+        return n
+
+    deciding = deciding_claims(profile, n_seeds)
+    for claim_names, configs in order(todo, claims, _cost(per_sample, rc, gc), deciding)[:steps]:
+        if retrain and not set(claim_names) & deciding:  # after the deciding runs, before the rest
+            retrained += train_tf32_again()
         complete = True
         for group in groups(configs, per_sample, rc):
             for share_left, chunk in chunks(group, max_batch, root, left_at_start):
@@ -530,9 +573,12 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
                 skipped += sum(r is None for r in finished)
                 complete &= all(r is not None for r in finished)
         settled += len(claim_names) if complete else 0
+    if retrain:
+        retrained += train_tf32_again()
     left = len(missing(per_page, root))
     return {"trained": done, "not started or stopped": skipped, "still missing": left,
-            "claims settled": settled, "resumable at start": resumable, "minutes": (time.time() - start) / 60}
+            "claims settled": settled, "resumable at start": resumable,
+            "retrained in float32": retrained, "minutes": (time.time() - start) / 60}
 
 
 def checkpoint_line(resumable: int, missing_runs: int, folder: Path, carry_over: bool) -> str:
@@ -801,6 +847,10 @@ def _print_plan(args) -> None:
         print(f"invalid (counted as missing; training sets it aside): {path.name}: {reason}")
     distinct = missing(per_page)
     print(f"missing configurations (distinct, all pages): {len(distinct)}")
+    tf32 = tf32_results(per_page)
+    if tf32:
+        print(f"trained in TF32, to train again in float32 on a GPU after the deciding steps (issue 64): "
+              f"{len(tf32)} ({', '.join(sorted(c.key() for c in tf32))})")
     shapes = groups(distinct, None)
     if shapes:
         print(f"run batches by step shape across pages and seeds: {len(shapes)} (the largest holds "

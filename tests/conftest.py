@@ -20,14 +20,17 @@ torch.set_num_threads(threads_for_tests())
 @pytest.fixture
 def restore_kernels():
     """The kernel options (fedlib.kernels) are process-global: put back what was there."""
+    from fedlib import kernels
     from fedlib.kernels import kernel_settings, set_kernel_options
 
     before = kernel_settings()
+    chosen = list(kernels._CONV_PRECISION_CHOSEN)
     yield
     set_kernel_options(matmul_tf32=before["matmul_tf32"], cudnn_tf32=before["cudnn_tf32"],
                        cudnn_autotune=before["cudnn_benchmark"], cuda_graphs=before["cuda_graphs"],
                        lane_conv=before["lane_conv"], step_noise=before["step_noise"],
                        noise_ahead=before["noise_ahead"], noise_pool=before["noise_pool"])
+    kernels._CONV_PRECISION_CHOSEN[:] = chosen  # restoring the TF32 flag is no choice of the tests
 
 
 @pytest.fixture(autouse=True)

@@ -352,3 +352,39 @@ def test_the_options_sweep_times_each_variant_and_restores_the_settings(capsys, 
     bench.options_sweep(Config(train_samples=160, clients=2, test_samples=100, rounds=2).validate(),
                         torch.device("cpu"), rounds=1, repeats=1)
     assert kernel_settings()["lane_conv"] == "im2col"
+
+
+def test_the_first_cuda_run_turns_tf32_convolutions_off_unless_they_were_chosen(restore_kernels,
+                                                                                 monkeypatch):
+    """fedlib computes in float32 on every device (issue 64: a comparison never mixes TF32 and float32
+    runs): the first CUDA run of a process turns off the TF32 that PyTorch leaves on in cuDNN
+    convolutions; a setting chosen explicitly (a benchmark's variant) is kept."""
+    from fedlib import kernels
+
+    monkeypatch.setattr(kernels, "_CONV_PRECISION_CHOSEN", [])
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    state = (torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    torch.backends.cudnn.allow_tf32 = True  # PyTorch's own default
+    try:
+        kernels.make_deterministic()
+        assert kernel_settings()["cudnn_tf32"] is False
+        set_kernel_options(cudnn_tf32=True)
+        kernels.make_deterministic()  # a later run leaves the chosen setting alone
+        assert kernel_settings()["cudnn_tf32"] is True
+    finally:
+        torch.use_deterministic_algorithms(state[0], warn_only=state[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = state[2], state[3]
+
+
+def test_a_results_arithmetic_comes_from_its_recorded_kernel_settings():
+    from fedlib.kernels import arithmetic
+
+    gpu = "cuda:0 (NVIDIA H200)"
+    assert arithmetic({"device": "cpu"}) == "float32"
+    assert arithmetic({"device": "cpu", "kernels": {"lane_conv": "im2col"}}) == "float32"
+    assert arithmetic({"device": gpu, "kernels": {"cudnn_tf32": True, "matmul_tf32": False}}) == "TF32"
+    assert arithmetic({"device": gpu, "kernels": {"cudnn_tf32": False, "matmul_tf32": True}}) == "TF32"
+    assert arithmetic({"device": gpu, "kernels": {"cudnn_tf32": False, "matmul_tf32": False}}) == "float32"
+    assert arithmetic({"device": "cpu"}, precision="float64") == "float64"

@@ -55,6 +55,37 @@ def test_run_trains_the_missing_and_then_nothing(pages, tmp_path, monkeypatch):
     assert again["trained"] == 0 and again["still missing"] == 0
 
 
+def test_a_campaign_on_a_gpu_trains_results_in_tf32_again_in_float32_first(pages, tmp_path, monkeypatch):
+    """Issue 64: no comparison mixes TF32 and float32. A GPU result trained in TF32 (before float32
+    became fedlib's GPU default) is trained again, with force, on a GPU only (a CPU would take hours);
+    after the steps that decide an open issue's verdicts, before the others."""
+    monkeypatch.setenv("FEDLIB_RESULTS_DIR", str(tmp_path))
+    campaign.run("smoke", budget_min=30, root=tmp_path, progress=False)
+    assert campaign.tf32_results(pages, tmp_path) == []
+    real = campaign.arithmetic
+    monkeypatch.setattr(campaign, "arithmetic", lambda meta, precision="float32":
+                        "TF32" if meta.get("config_key") == TINY.key() else real(meta, precision))
+    assert [c.key() for c in campaign.tf32_results(pages, tmp_path)] == [TINY.key()]
+    calls = []
+    real_run_many = campaign.run_many
+    monkeypatch.setattr(campaign, "run_many", lambda cs, **k: calls.append(
+        ([c.key() for c in cs], k.get("force"))) or real_run_many(cs, **k))
+    assert campaign.run("smoke", budget_min=30, root=tmp_path, progress=False)["retrained in float32"] == 0
+    assert calls == []  # on a CPU: left alone
+    monkeypatch.setattr(campaign, "device_kind", lambda: "cuda")
+    out = campaign.run("smoke", budget_min=30, root=tmp_path, progress=False)
+    assert out["retrained in float32"] == 1 and calls == [([TINY.key()], True)]
+    # with a missing deciding step and a missing other one: the deciding one, the TF32 one, the other
+    calls.clear()
+    for c in (TINY.replace(seed=1), TINY.replace(algorithm="scaffold")):
+        result_path(c, tmp_path).unlink()
+    monkeypatch.setattr(campaign, "deciding_claims",
+                        lambda profile, n_seeds=None: {"page_b: SCAFFOLD vs FedAvg"})
+    out = campaign.run("smoke", budget_min=30, root=tmp_path, progress=False)
+    assert calls == [([TINY.replace(algorithm="scaffold").key()], None), ([TINY.key()], True),
+                     ([TINY.replace(seed=1).key()], None)]
+
+
 def test_steps_trains_only_the_first_claims_first_steps(pages, tmp_path, monkeypatch):
     """Step 1 settles the one claim (page_b's two configs); the rest (page_a's other seed) is left."""
     monkeypatch.setenv("FEDLIB_RESULTS_DIR", str(tmp_path))
@@ -502,17 +533,25 @@ def test_a_niced_campaign_makes_its_session_yield(tmp_path, monkeypatch):
     assert campaign.yield_to_foreground(tmp_path / "absent") is None
 
 
-def test_settled_claims_name_their_runs_devices_and_hours(pages, tmp_path):
+def test_settled_claims_name_their_runs_devices_arithmetic_and_hours(pages, tmp_path, monkeypatch):
     """The rerun page's table of claims settled at a profile: only claims whose every run is trained,
-    with the devices and the hours their results record (issue 39)."""
+    with the devices, the arithmetic (issue 64: a claim whose runs mix TF32 and float32 is named) and
+    the hours their results record (issue 39)."""
     from fedlib.run import run
 
     assert campaign.settled_claims("smoke", root=tmp_path) == []
     results = [run(c, root=tmp_path, progress=False, device="cpu") for c in PAGES["page_b"]]
     [row] = campaign.settled_claims("smoke", root=tmp_path)
     assert (row["page"], row["claim"], row["runs"]) == ("page_b", "SCAFFOLD vs FedAvg", 2)
-    assert row["devices"] == ["CPU"]
+    assert row["devices"] == ["CPU"] and row["arithmetic"] == ["float32"]
     assert row["hours"] == pytest.approx(sum(r.meta["duration_s"] for r in results) / 3600)
+    # a run of the claim trained on a GPU with TF32 convolutions (before float32 became the default)
+    gpu = dict(results[0].meta, device="cuda:0 (NVIDIA H200)", kernels={"cudnn_tf32": True})
+    real = campaign.Result.load
+    monkeypatch.setattr(campaign.Result, "load", lambda path, expect=None: type("R", (), {
+        "meta": gpu if path == results[0].path else real(path, expect).meta})())
+    [row] = campaign.settled_claims("smoke", root=tmp_path)
+    assert row["devices"] == ["CPU", "GPU"] and row["arithmetic"] == ["TF32", "float32"]
 
 
 def test_every_claim_settled_at_paper_is_graded_there_by_its_page():

@@ -4,8 +4,8 @@ These tests select the GPU explicitly and are skipped, with that reason, on a ma
 one (CI's is CPU-only); the rest of the suite pins the CPU where a test needs it. Tolerances are
 those of tests/test_engine.py: float64 for logic (cuDNN and cuBLAS in double precision round at
 1e-16 like the CPU, so CPU and GPU agree to ``ATOL64``), and for float32 a multiple of the
-reference path's own error against float64, which absorbs TF32 convolutions (cuDNN's default on
-Ampere and later: 10-bit mantissas, ~5e-4 relative).
+reference path's own error against float64, which would also absorb TF32 convolutions (PyTorch's
+default on Ampere and later, 10-bit mantissas, ~5e-4 relative; fedlib runs float32 instead).
 """
 
 import json
@@ -164,8 +164,10 @@ def test_bench_and_cli_on_cuda(tmp_path):
 
 def test_cuda_results_record_their_kernel_settings(tmp_path):
     r = run(SMALL, device="cuda", root=tmp_path, progress=False)
-    # pick_device's defaults: deterministic cuDNN, no autotuning, TF32 matmuls as PyTorch leaves them
+    # pick_device's defaults: deterministic cuDNN, no autotuning, float32 convolutions (issue 64) and
+    # matmuls (TF32 matmuls off, as PyTorch leaves them)
     assert r.meta["kernels"]["cudnn_deterministic"] is True and r.meta["kernels"]["cudnn_benchmark"] is False
+    assert r.meta["kernels"]["cudnn_tf32"] is False and r.meta["kernels"]["matmul_tf32"] is False
     assert r.meta["kernels"] == json.loads(r.path.read_text())["meta"]["kernels"]
 
 
