@@ -5,6 +5,8 @@ on them with its study's ``*_settled`` rules, so that the ledger counts them at 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
@@ -30,6 +32,11 @@ def settled_beyond(page: str, profile: str, larger: str = "paper", **params) -> 
     return Runs({label: found[label] for label in labels}), [n.claim for n in settled]
 
 
+def _part(x) -> str:
+    """One part of a run's label as a reader reads it: an infinite budget (no noise) as ∞."""
+    return "∞" if isinstance(x, float) and math.isinf(x) and x > 0 else str(x)
+
+
 def larger_profile_rows(runs: Runs, label_name: str = "runs") -> pd.DataFrame:
     """One row per label of runs graded at a larger profile than their page's: what ran (model,
     rounds, seeds, device) and the final test accuracy (mean and standard deviation over the seeds),
@@ -39,7 +46,7 @@ def larger_profile_rows(runs: Runs, label_name: str = "runs") -> pd.DataFrame:
         c = rs[0].config
         acc = np.array([100 * r.final["test_acc"] for r in rs])
         devices = sorted({str(r.meta.get("device", "?")).split(" ")[0] for r in rs})
-        name = ", ".join(map(str, label)) if isinstance(label, tuple) else str(label)
+        name = ", ".join(map(_part, label)) if isinstance(label, tuple) else _part(label)
         rows.append({label_name: name, "profile": c.profile,
                      "model": c.model, "rounds": c.rounds, "seeds": len(rs),
                      "final accuracy (%)": float(acc.mean()),
