@@ -5,14 +5,13 @@ on them with its study's ``*_settled`` rules, so that the ledger counts them at 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
 from fedlib.results import load_cached
 from studies import claim_needs, pages
 from studies.common import PROFILES, Runs, read_roots, table_for_reader, write_root
+from studies.numbers import number
 
 
 def settled_beyond(page: str, profile: str, larger: str = "paper", **params) -> tuple[Runs, list[str]]:
@@ -32,11 +31,6 @@ def settled_beyond(page: str, profile: str, larger: str = "paper", **params) -> 
     return Runs({label: found[label] for label in labels}), [n.claim for n in settled]
 
 
-def _part(x) -> str:
-    """One part of a run's label as a reader reads it: an infinite budget (no noise) as ∞."""
-    return "∞" if isinstance(x, float) and math.isinf(x) and x > 0 else str(x)
-
-
 def larger_profile_rows(runs: Runs, label_name: str = "runs") -> pd.DataFrame:
     """One row per label of runs graded at a larger profile than their page's: what ran (model,
     rounds, seeds, device) and the final test accuracy (mean and standard deviation over the seeds),
@@ -46,7 +40,8 @@ def larger_profile_rows(runs: Runs, label_name: str = "runs") -> pd.DataFrame:
         c = rs[0].config
         acc = np.array([100 * r.final["test_acc"] for r in rs])
         devices = sorted({str(r.meta.get("device", "?")).split(" ")[0] for r in rs})
-        name = ", ".join(map(_part, label)) if isinstance(label, tuple) else _part(label)
+        # each part as a reader reads it (studies.numbers): an infinite budget (no noise) as ∞
+        name = ", ".join(map(number, label)) if isinstance(label, tuple) else number(label)
         rows.append({label_name: name, "profile": c.profile,
                      "model": c.model, "rounds": c.rounds, "seeds": len(rs),
                      "final accuracy (%)": float(acc.mean()),
