@@ -782,7 +782,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--matmul-tf32", action=argparse.BooleanOptionalAction, default=None,
                    help="TF32 in float32 matmuls (a CUDA speed option; default: PyTorch's, off)")
     p.add_argument("--cudnn-tf32", action=argparse.BooleanOptionalAction, default=None,
-                   help="TF32 in cuDNN convolutions (default: PyTorch's, on)")
+                   help="TF32 in cuDNN convolutions (default: fedlib's, off: float32 as on a CPU; "
+                        "PyTorch's own default is on)")
     p.add_argument("--cudnn-autotune", action=argparse.BooleanOptionalAction, default=None,
                    help="cuDNN autotuning among deterministic algorithms (default: off)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,

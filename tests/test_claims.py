@@ -573,3 +573,23 @@ def test_moon_dpap_fig2_is_graded_under_each_reading():
     only_central = mc._fig2_rules(_runs({k: v for k, v in table.items() if k != mp.FORMULA and
                                          k != mp.RECORD_TUNED_LABEL}), "paper", 8.0, 10.0, 250.0, 20)
     assert only_central[mc.DP_COST]().verdict is V.NOT_REPRODUCED
+
+
+def test_seeds_that_split_between_chance_and_learning_are_named():
+    """A reading whose seeds split (some collapse to chance, some learn) shows its seeds: its mean and
+    interval describe no run. Seeds that all learn, or all end at chance, add nothing."""
+    from studies.moon_dpap import claims as mc
+    from studies.moon_dpap import pages as mp
+
+    assert c.seeds_at_chance([10.0, 57.2, 10.4], 10.0) == "; 2 of 3 seeds end at chance (10.0, 57.2, 10.4 %)"
+    assert c.seeds_at_chance([55.0, 57.0, 60.0], 10.0) == ""
+    assert c.seeds_at_chance([10.0, 9.0, 12.9], 10.0) == ""
+    assert c.seeds_at_chance([13.5, 60.0], 10.0) == ""  # 3.5 points from chance: outside the margin
+    table = {"moon_dpap": [87.0, 86.5, 87.5], mp.CENTRAL: [10.0, 10.2, 9.9],
+             mp.RECORD_TUNED_LABEL: [10.0, 57.2, 10.4]}
+    rules = mc._fig2_rules(_runs(table), "paper", 8.0, 10.0, 250.0, 20)
+    row = rules[f"{mc.WITH_DP} [reading: record-level DP-SGD]"]()
+    assert row.ours.endswith("; 2 of 3 seeds end at chance (10.0, 57.2, 10.4 %)")
+    cell = mp.readings_of_fig2(_runs(table), None).set_index("reading").loc["record-level DP-SGD",
+                                                                             "final accuracy (%)"]
+    assert cell.endswith("(3 seeds) — 2 of 3 seeds end at chance (10.0, 57.2, 10.4 %)")

@@ -11,6 +11,7 @@ import pandas as pd
 
 from fedlib.algorithms.moon_dpap import noise_multipliers, total_epsilon
 from fedlib.config import Config
+from studies.claims import seeds_at_chance
 from studies.common import ConfigSet, Needs, Runs, seeds_for
 from studies.moon_dpap.settings import (
     ABLATIONS,
@@ -439,9 +440,10 @@ def grid_choice(table: pd.DataFrame) -> tuple[float, float]:
     return float(best["learning rate"]), float(best["clip C"])
 
 
-def readings_of_fig2(runs: Runs, cfg: Config) -> pd.DataFrame:
+def readings_of_fig2(runs: Runs, cfg: Config, chance_pct: float = 10.0) -> pd.DataFrame:
     """One row per reading of Fig. 2's DP: relation, guarantee, and the final accuracy (mean ± std over
-    seeds) and epsilon of its runs in ``runs`` (the local reading is analytic: no runs)."""
+    seeds, and the seeds themselves when some end at chance and some do not) and epsilon of its runs in
+    ``runs`` (the local reading is analytic: no runs)."""
     from studies.moon_dpap.settings import READINGS
 
     runs_of = {READINGS["central"].name: CENTRAL, READINGS["record"].name: RECORD_TUNED_LABEL,
@@ -452,7 +454,9 @@ def readings_of_fig2(runs: Runs, cfg: Config) -> pd.DataFrame:
         acc, eps = "no runs (analytic: the central reading's noise times sqrt(m))", ""
         if label in runs.results:
             a = np.array(runs.by_seed(label))
-            acc = f"{a.mean():.1f} ± {a.std(ddof=1) if len(a) > 1 else 0.0:.1f} ({len(a)} seeds)"
+            split = seeds_at_chance(a, chance_pct)
+            acc = (f"{a.mean():.1f} ± {a.std(ddof=1) if len(a) > 1 else 0.0:.1f} ({len(a)} seeds)"
+                   + (f" — {split[2:]}" if split else ""))
             e = runs.results[label][0].history[-1].get("epsilon_spent")
             eps = f"{e:.2f}" if e is not None else "none (no valid guarantee)"
         rows.append({"reading": reading.name, "protects (relation)": reading.relation,
