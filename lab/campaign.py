@@ -82,11 +82,13 @@ ALGORITHM_COST = {"moon": 1.8, "moon_dpap": 1.8, "ditto": 2.0, "scaffold": 1.1, 
 #: overrides it for that device kind (:func:`record_dp_cost`).
 RECORD_DP_COST = 9.5
 #: The same with ghost clipping (``dp_grad = ghost``, what MOON-DPAP's record-level runs use at
-#: ``paper``): ``python -m lab.bench --record-cost --samples 4000 --rounds 2`` on the 2-core CPU
-#: (2026-11-26, after the per-sample convolution gradients became one backward-weights kernel),
-#: 2.83 s a round against 1.63 s without DP (per-sample gradients: 17.3 s); 4.4 before that change
-#: and the pooling one. A benchmark run with ``--scale`` records a device's own ``ghost_dp_cost``.
-GHOST_DP_COST = 1.7
+#: ``paper``): one round of MOON-DPAP at the papers' scale (full FashionMNIST, 20 clients, alpha 0.5)
+#: on the sequential path, one thread of the 2-core CPU (2026-11-28): 42.1 s with ghost-clipped
+#: DP-SGD against 29.6 s without DP, once the CPU paths compute each Poisson batch on its real
+#: samples (61.4 s before: the round's widest batch, 54, is 1.7 times the mean, 32). Earlier: 1.7 at
+#: 4,000 samples (2026-11-26), 4.4 before the per-sample convolution gradients became one
+#: backward-weights kernel. A benchmark run with ``--scale`` records a device's own ``ghost_dp_cost``.
+GHOST_DP_COST = 1.4
 PACK_LIMIT = 16 * 2**20
 
 

@@ -129,9 +129,32 @@ def test_poisson_plan_takes_each_record_at_rate_q():
     n_total = len(taken)
     assert abs(n_total - k * 50 * q) / math.sqrt(k * 50 * q * (1 - q)) < 5
     assert plan.idx.shape[2] == int(real.sum(1).max())  # padded to the largest batch
+    assert np.array_equal(plan.sizes[0], real.sum(1).numpy())  # each step's real samples, on the host
     again = make_poisson_plan([idx], [0], [(9, 71, 0, 0)], batch_size=5, epochs=40, seed=0, round_=0,
                               device=torch.device("cpu"))
     assert torch.equal(again.idx, plan.idx)
+
+
+def test_a_poisson_step_on_the_sequential_path_computes_on_its_real_samples_only():
+    """The sequential and parallel paths drop a Poisson step's padding (exact zeros in every sum, ~40 %
+    of the work at the papers' scale); an empty draw keeps one padded sample of weight 0, so the step
+    still has a batch. (That this is the same function as the padded step: the paths' agreement in
+    float64 below, whose vectorized path pads.)"""
+    from fedlib.engine import _client_batch
+
+    idx = np.arange(40)
+    plan = make_poisson_plan([idx, idx[:3]], [0, 1], [(9, 71, 0, 0), (9, 71, 0, 1)], batch_size=4,
+                             epochs=30, seed=0, round_=0, device=torch.device("cpu"))
+    x, y = torch.arange(40.0)[:, None], torch.arange(40)
+    empty = 0
+    for i, k in enumerate(plan.steps):
+        for s in range(k):
+            b = _client_batch(x, y, plan, i, s)
+            n = int(plan.sizes[i, s])
+            assert len(b["w"]) == max(1, n) and float(b["w"].sum()) == n
+            assert torch.equal(b["x"][:n, 0].long(), plan.idx[i, s, :n])
+            empty += n == 0
+    assert empty > 0  # the 40-record client (q = 0.1) draws a step empty with probability 0.9^40 (fixed key)
 
 
 def test_calibration_protects_every_client_at_the_target():
