@@ -254,10 +254,7 @@ def _client_batch(x, y, plan: RoundPlan, i: int, s: int) -> dict:
     one, so that an empty draw still has a batch: a padded sample of weight 0): a padded sample adds
     an exact zero, so this is the same function at a fraction of the work (the round's widest batch
     is ~1.7 times the mean at the papers' scale); the sums may round in another order."""
-    if plan.sizes is None:
-        return _batch(x, y, plan.idx[i, s], plan.weight[i, s], None if plan.drop is None else plan.drop[i, s],
-                      None if plan.noise is None else plan.step_noise(i, s))
-    n = max(1, int(plan.sizes[i, s]))
+    n = plan.idx.shape[2] if plan.sizes is None else max(1, int(plan.sizes[i, s]))
     return _batch(x, y, plan.idx[i, s, :n], plan.weight[i, s, :n],
                   None if plan.drop is None else plan.drop[i, s, :n],
                   None if plan.noise is None else plan.step_noise(i, s))

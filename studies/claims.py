@@ -483,17 +483,15 @@ def at_chance(
     return near or (untrained_pct is not None and abs(m - untrained_pct) <= margin)
 
 
-def seeds_at_chance(accuracy_pct: Sequence[float], chance_pct: float, margin: float = 3.0) -> str:
-    """A note for seeds that split: ``"; k of n seeds end at chance (a, b, c %)"`` when some but not
-    all of the runs end within ``margin`` points of chance (the rule of :func:`at_chance`, seed by
-    seed), else empty. A mean and interval over seeds of which some learned and some collapsed says
-    neither; the reader needs the seeds."""
-    a = np.asarray(accuracy_pct, dtype=float)
-    k = int(np.sum(np.abs(a - chance_pct) <= margin))
-    if k == 0 or k == len(a):
+def seeds_at_chance(accuracy_pct: Sequence[float], chance_pct: float) -> str:
+    """A note for seeds that split: ``"k of n seeds end at chance (a, b, c %)"`` when some but not all
+    of the runs end at chance (:func:`at_chance`, seed by seed), else empty. A mean and interval over
+    seeds of which some learned and some collapsed says neither; the reader needs the seeds."""
+    k = sum(at_chance([v], chance_pct) for v in accuracy_pct)
+    if k in (0, len(accuracy_pct)):
         return ""
-    each = ", ".join(f"{v:.1f}" for v in a)
-    return f"; {k} of {len(a)} seeds end at chance ({each} %)"
+    each = ", ".join(f"{v:.1f}" for v in accuracy_pct)
+    return f"{k} of {len(accuracy_pct)} seeds end at chance ({each} %)"
 
 
 def all_of(claim: str, findings: list[Finding]) -> Finding:

@@ -581,7 +581,7 @@ def test_seeds_that_split_between_chance_and_learning_are_named():
     from studies.moon_dpap import claims as mc
     from studies.moon_dpap import pages as mp
 
-    assert c.seeds_at_chance([10.0, 57.2, 10.4], 10.0) == "; 2 of 3 seeds end at chance (10.0, 57.2, 10.4 %)"
+    assert c.seeds_at_chance([10.0, 57.2, 10.4], 10.0) == "2 of 3 seeds end at chance (10.0, 57.2, 10.4 %)"
     assert c.seeds_at_chance([55.0, 57.0, 60.0], 10.0) == ""
     assert c.seeds_at_chance([10.0, 9.0, 12.9], 10.0) == ""
     assert c.seeds_at_chance([13.5, 60.0], 10.0) == ""  # 3.5 points from chance: outside the margin

@@ -164,7 +164,8 @@ def _fig2_rules(runs: Runs, profile: str, eps_total: float, untrained_pct: float
         eps = runs.results[label][0].history[-1].get("epsilon_spent")
         spent = (f"; epsilon {eps:.2f} (delta 1e-5)" if eps is not None
                  else "; no epsilon (no valid guarantee)")
-        return Finding(f.claim, f.ours + spent + c.seeds_at_chance(acc, CHANCE), f.verdict, f.reason)
+        split = c.seeds_at_chance(acc, CHANCE)
+        return Finding(f.claim, f.ours + spent + (f"; {split}" if split else ""), f.verdict, f.reason)
 
     def with_dp() -> Finding:
         rows = [(CENTRAL, central()), (LOCAL, local())]

@@ -456,7 +456,7 @@ def readings_of_fig2(runs: Runs, cfg: Config, chance_pct: float = 10.0) -> pd.Da
             a = np.array(runs.by_seed(label))
             split = seeds_at_chance(a, chance_pct)
             acc = (f"{a.mean():.1f} ± {a.std(ddof=1) if len(a) > 1 else 0.0:.1f} ({len(a)} seeds)"
-                   + (f" — {split[2:]}" if split else ""))
+                   + (f" — {split}" if split else ""))
             e = runs.results[label][0].history[-1].get("epsilon_spent")
             eps = f"{e:.2f}" if e is not None else "none (no valid guarantee)"
         rows.append({"reading": reading.name, "protects (relation)": reading.relation,
