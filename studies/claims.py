@@ -494,6 +494,21 @@ def seeds_at_chance(accuracy_pct: Sequence[float], chance_pct: float) -> str:
     return f"{k} of {len(accuracy_pct)} seeds end at chance ({each} %)"
 
 
+def split_seeds_reason(accuracy_pct: Sequence[float], chance_pct: float, published: float,
+                       tolerance: float) -> str:
+    """Why a number over seeds that split between chance and learning (:func:`seeds_at_chance`) is
+    read seed by seed: their interval spans most of the possible accuracies and decides nothing, so
+    the reason says how many seeds reach ``published +/- tolerance`` (and the best one when none
+    does). Empty when the seeds do not split."""
+    if not seeds_at_chance(accuracy_pct, chance_pct):
+        return ""
+    inside = sum(abs(v - published) <= tolerance for v in accuracy_pct)
+    band = f"{published:g} % ± {tolerance:g}"
+    reach = (f"no seed reaches {band} (best {max(accuracy_pct):.1f} %)" if not inside
+             else f"{inside} of {len(accuracy_pct)} seeds within {band}")
+    return f"the seeds split between chance and learning, so their interval decides nothing; {reach}"
+
+
 def all_of(claim: str, findings: list[Finding]) -> Finding:
     """Several findings behind one claim: reproduced if all are, not reproduced if any is,
     the first non-reproduced reason otherwise."""

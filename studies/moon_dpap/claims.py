@@ -165,7 +165,9 @@ def _fig2_rules(runs: Runs, profile: str, eps_total: float, untrained_pct: float
         spent = (f"; epsilon {eps:.2f} (delta 1e-5)" if eps is not None
                  else "; no epsilon (no valid guarantee)")
         split = c.seeds_at_chance(acc, CHANCE)
-        return Finding(f.claim, f.ours + spent + (f"; {split}" if split else ""), f.verdict, f.reason)
+        why = c.split_seeds_reason(acc, CHANCE, level, ACC_TOLERANCE) if profile == "paper" else ""
+        return Finding(f.claim, f.ours + spent + (f"; {split}" if split else ""), f.verdict,
+                       f"{f.reason}: {why}" if why and f.verdict is c.Verdict.INCONCLUSIVE else f.reason)
 
     def with_dp() -> Finding:
         rows = [(CENTRAL, central()), (LOCAL, local())]
