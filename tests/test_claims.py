@@ -593,6 +593,9 @@ def test_seeds_that_split_between_chance_and_learning_are_named():
     assert row.verdict is c.Verdict.INCONCLUSIVE and row.reason.endswith(
         "so their interval decides nothing; no seed reaches 77 % ± 2 (best 57.2 %)")
     assert c.split_seeds_reason([10.0, 76.0, 78.5], 10.0, 77.0, 2.0).endswith("2 of 3 seeds within 77 % ± 2")
+    cost = rules[mc.DP_COST]()  # the record-level part of the cost names the split seeds too
+    assert cost.ours.endswith("record-level DP-SGD: gap 61.13 pts [-7.35, 129.62], 3 seeds; paper +6.6 ± 3; "
+                              "2 of 3 seeds end at chance (10.0, 57.2, 10.4 %)")
     assert c.split_seeds_reason([55.0, 57.0, 60.0], 10.0, 77.0, 2.0) == ""
     cell = mp.readings_of_fig2(_runs(table), None).set_index("reading").loc["record-level DP-SGD",
                                                                              "final accuracy (%)"]
