@@ -556,9 +556,10 @@ def reading_row(claim: str, reading: Reading, finding: Finding) -> Finding:
 
 def by_readings(claim: str, rows: Sequence[tuple[Reading, Finding]]) -> Finding:
     """A claim about an under-specified mechanism, from its rows per reading: reproduced when a reading
-    with a valid guarantee reproduces it; partly when only readings without one do (the number comes
-    back, the privacy does not); not reproduced only when every admitted reading fails; otherwise
-    inconclusive, naming the readings still open."""
+    with a valid guarantee reproduces it; partly when only readings without one do and every reading
+    with one fails (the number comes back, the privacy does not); not reproduced only when every
+    admitted reading fails; otherwise inconclusive, naming the readings still open (a reading with a
+    valid guarantee still open keeps the claim open, even where one without reproduces it)."""
     verdicts = [(r, f.verdict) for r, f in rows]
     ours = "; ".join(f"{r.name}: {f.ours}" for r, f in rows)
     if rows and all(v is Verdict.NOT_EVALUATED for _, v in verdicts):
@@ -567,20 +568,21 @@ def by_readings(claim: str, rows: Sequence[tuple[Reading, Finding]]) -> Finding:
     if valid:
         return Finding(claim, ours, Verdict.REPRODUCED, f"reproduced under {', '.join(valid)}")
     invalid = [r.name for r, v in verdicts if v is Verdict.REPRODUCED]
-    if invalid:
-        return Finding(claim, ours, Verdict.PARTLY,
-                       f"the number comes back only under {', '.join(invalid)}, which has no valid privacy "
-                       "guarantee; under every reading with one it does not")
+    open_valid = [r.name for r, v in verdicts if r.valid and v is not Verdict.NOT_REPRODUCED]
+    back = f"the number comes back only under {', '.join(invalid)}, which has no valid privacy guarantee"
+    if invalid and not open_valid:
+        return Finding(claim, ours, Verdict.PARTLY, f"{back}; under every reading with one it does not")
     if rows and all(v is Verdict.NOT_REPRODUCED for _, v in verdicts):
         why = "; ".join(f"{r.name}: {f.reason}" for r, f in rows)
         return Finding(claim, ours, Verdict.NOT_REPRODUCED,
                        f"not reproduced under any of the {len(rows)} readings the text admits ({why})")
-    open_ = [r.name for r, v in verdicts if v is not Verdict.NOT_REPRODUCED]
+    open_ = [r.name for r, v in verdicts if v is not Verdict.NOT_REPRODUCED and r.name not in invalid]
     failed = [r.name for r, v in verdicts if v is Verdict.NOT_REPRODUCED]
     return Finding(claim, ours, Verdict.PARTLY if any(v is Verdict.PARTLY for _, v in verdicts)
                    else Verdict.INCONCLUSIVE,
                    f"open under {', '.join(open_)}"
-                   + (f"; fails under {', '.join(failed)}" if failed else ""))
+                   + (f"; fails under {', '.join(failed)}" if failed else "")
+                   + (f"; {back}" if invalid else ""))
 
 
 def sanity(claim: str, ours: str, why: str) -> Finding:

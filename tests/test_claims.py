@@ -547,6 +547,12 @@ def test_a_claim_with_two_readings_of_which_one_reproduces_is_not_graded_not_rep
     open_ = c.by_readings("x", [(valid, bad), (invalid, c.Finding("x", "?", V.INCONCLUSIVE))])
     assert open_.verdict is V.INCONCLUSIVE
     assert "open under b" in open_.reason and "fails under a" in open_.reason
+    # a reading with a guarantee still open keeps the claim open where one without reproduces it
+    split = c.by_readings("x", [(valid, c.Finding("x", "?", V.INCONCLUSIVE)), (invalid, ok),
+                                (c.Reading("central", "replace one", "DP"), bad)])
+    assert split.verdict is V.INCONCLUSIVE
+    assert split.reason == ("open under a; fails under central; the number comes back only under b, which "
+                            "has no valid privacy guarantee")
     row = c.reading_row("x", invalid, ok)
     assert row.claim == "x [reading: b]" and "no guarantee" in row.scope and row.verdict is V.REPRODUCED
 
