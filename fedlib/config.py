@@ -99,6 +99,9 @@ class Config:
     shards_per_client: int = _param(2, "shards partition: label-sorted shards per client")
     client_fraction: float = _param(1.0, "fraction of clients sampled each round, in (0, 1]")
     rounds: int = _param(30, "global rounds T")
+    train_rounds: int = _param(0, "train only the first this many rounds of the T-round run (0 = all T): "
+                               "every schedule, noise calibration and draw is the T-round run's, so the "
+                               "result is that run's prefix (tuning at the horizon a run has)")
     local_epochs: int = _param(1, "local epochs E per round")
     batch_size: int = _param(32, "local minibatch size B")
     lr: float = _param(0.01, "client learning rate")
@@ -155,6 +158,9 @@ class Config:
                           "ghost (norms of the linear layers from their inputs and output gradients, "
                           "fedlib.privacy.ghost: the same sum, other rounding, ~6x faster on the CNN)",
                           "moon_dpap")
+    dp_noise_free: bool = _param(False, "MOON-DPAP dp = formula: the control without noise (the same "
+                                 "per-sample clipping and path, no noise added): what the clip alone costs",
+                                 "moon_dpap")
     dp_eps_floor: float = _param(0.0,
                                  "MOON-DPAP schedule 'paper': lower bound on epsilon(t), as a fraction of "
                                  "epsilon_0", "moon_dpap")
@@ -236,6 +242,12 @@ class Config:
         return self.validation_samples or self.test_samples or full
 
     @property
+    def rounds_run(self) -> int:
+        """The rounds this run trains and records: ``train_rounds`` of the ``rounds``-round schedule,
+        or all of them."""
+        return self.train_rounds or self.rounds
+
+    @property
     def clients_per_round(self) -> int:
         return max(1, round(self.client_fraction * self.clients))
 
@@ -266,8 +278,11 @@ class Config:
         :data:`NOISE_KEY_VERSION`, so it changes with every setting (two configs never share noise)
         but not with a results-version bump. ``dp_grad`` is left out: it says how the same clipped sum
         is computed, so a ghost-clipped run draws the per-sample run's noise and batches (and trains
-        its model, to rounding)."""
-        return self.replace(dp_grad=_defaults()["dp_grad"]).key(version=NOISE_KEY_VERSION)
+        its model, to rounding). ``train_rounds`` is left out too: a run stopped early draws the noise and
+        samples of the whole run it is the prefix of."""
+        d = _defaults()
+        plain = self.replace(dp_grad=d["dp_grad"], train_rounds=d["train_rounds"])
+        return plain.key(version=NOISE_KEY_VERSION)
 
     # ---- serialisation and copies ----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -321,6 +336,9 @@ def _generic_problems(c: Config) -> list[str]:
                  "eval_every"):
         if getattr(c, name) < 1:
             errs.append(f"{name} must be >= 1, got {getattr(c, name)}")
+    if not 0 <= c.train_rounds <= c.rounds:
+        errs.append(f"train_rounds must be in [0, rounds = {c.rounds}] (0 = all rounds), got "
+                    f"{c.train_rounds}")
     if not 0 < c.client_fraction <= 1:
         errs.append(f"client_fraction must be in (0, 1], got {c.client_fraction}")
     for name in ("lr", "server_lr"):

@@ -38,12 +38,31 @@ from fedlib.tree import stack, tmap
 def evaluate(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
              batch_size: int = 500) -> tuple[float, float]:
     """Accuracy and mean cross-entropy of ``params`` on (x, y)."""
+    acc, loss, _ = evaluate_with_units(model, params, x, y, batch_size)
+    return acc, loss
+
+
+def evaluate_with_units(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                        batch_size: int = 500) -> tuple[float, float, float | None]:
+    """:func:`evaluate` and the share of *dead units*: units of the representation (``fc1``, before its
+    ReLU) that are never positive on any of (x, y), so that they pass no signal and get no gradient. A
+    model whose representation is all dead predicts one class for every input (a collapse); None for
+    a model without ``fc1``."""
+    fc1 = getattr(model, "fc1", None)
+    alive: list[torch.Tensor] = []
+    hook = fc1.register_forward_hook(lambda m, i, out: alive.append((out > 0).any(0))) if fc1 is not None \
+        else None
     correct, loss = 0.0, 0.0
-    for i in range(0, len(y), batch_size):
-        logits = functional_call(model, params, (x[i:i + batch_size],))
-        loss += F.cross_entropy(logits, y[i:i + batch_size], reduction="sum").item()
-        correct += (logits.argmax(1) == y[i:i + batch_size]).sum().item()
-    return correct / len(y), loss / len(y)
+    try:
+        for i in range(0, len(y), batch_size):
+            logits = functional_call(model, params, (x[i:i + batch_size],))
+            loss += F.cross_entropy(logits, y[i:i + batch_size], reduction="sum").item()
+            correct += (logits.argmax(1) == y[i:i + batch_size]).sum().item()
+    finally:
+        if hook is not None:
+            hook.remove()
+    dead = None if not alive else float(1.0 - torch.stack(alive).any(0).float().mean())
+    return correct / len(y), loss / len(y), dead
 
 
 def init_params(config: Config, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -216,8 +235,13 @@ class Experiment:
         return self.finish(selected, work, outputs)
 
     def evaluate(self) -> dict[str, float]:
-        acc, loss = evaluate(self.model, self.gparams, self.data.x_test, self.data.y_test)
-        return {"test_acc": acc, "test_loss": loss}
+        """Accuracy and loss of the global model on the evaluation set, with two diagnostics of its
+        state: the L2 norm of its weights and the share of its representation's dead units
+        (:func:`evaluate_with_units`; a noisy run's weights random-walk large and its units die)."""
+        acc, loss, dead = evaluate_with_units(self.model, self.gparams, self.data.x_test, self.data.y_test)
+        norm = float(torch.sqrt(sum((v.double() ** 2).sum() for v in self.gparams.values())))
+        return {"test_acc": acc, "test_loss": loss, "weight_norm": norm,
+                **({"dead_units": dead} if dead is not None else {})}
 
     @torch.no_grad()
     def personal_accuracy(self) -> dict[str, float]:

@@ -68,8 +68,8 @@ def training_flops(config: Config) -> float:
     times the local epochs, and one evaluation of the test split (``eval_every`` rounds apart)."""
     train, ev = per_sample_flops(config)
     per_round = config.n_train * config.client_fraction * config.local_epochs * train
-    evaluations = math.ceil(config.rounds / max(1, config.eval_every))
-    return config.rounds * per_round + evaluations * config.n_test * ev
+    evaluations = math.ceil(config.rounds_run / max(1, config.eval_every))
+    return config.rounds_run * per_round + evaluations * config.n_test * ev
 
 
 class _OperatorCount(TorchDispatchMode):

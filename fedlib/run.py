@@ -176,16 +176,16 @@ class Trainee:
     def after_round(self, t: int, rec: dict, wall_s: float, checkpoint_every: int) -> dict:
         config, exp = self.config, self.exp
         rec = {"round": t + 1, **rec, "wall_s": wall_s}
-        if (t + 1) % config.eval_every == 0 or t + 1 == config.rounds:
+        if (t + 1) % config.eval_every == 0 or t + 1 == config.rounds_run:
             t1 = time.time()
             rec.update(exp.evaluate())
-            if t + 1 == config.rounds and self.personal:
+            if t + 1 == config.rounds_run and self.personal:
                 rec.update(exp.personal_accuracy())
             rec["eval_s"] = time.time() - t1
         else:
             rec["test_acc"] = rec["test_loss"] = None
         self.history.append(rec)
-        if (t + 1) % checkpoint_every == 0 and t + 1 < config.rounds:
+        if (t + 1) % checkpoint_every == 0 and t + 1 < config.rounds_run:
             self.checkpoint(t + 1)
         return rec
 
@@ -346,7 +346,7 @@ def _train_batch(configs: list[Config], dev: torch.device, path: str, root: Path
                       if isinstance(t, torch.Tensor))
     check_writable([root, root / "models", checkpoint_dir(root)],
                    need_bytes=2 * state_bytes + 2**20 * len(runs))
-    first, total = runs[0].first_round, configs[0].rounds
+    first, total = runs[0].first_round, configs[0].rounds_run
     batch = RunBatch([r.exp for r in runs])
     label = configs[0].algorithm + (f" x{len(runs)}" if len(runs) > 1 else "")
     bar = tqdm(range(first, total), desc=f"{label} ({path}, {dev.type})", unit="round",

@@ -232,7 +232,7 @@ def estimate_s(config: Config, per_sample: float | None, record_cost: float = RE
     algo = ALGORITHM_COST.get(config.algorithm, 1.0) * (
         (ghost_cost if config.dp_grad == "ghost" else record_cost) if config.dp == "record" else 1.0)
     epoch = config.n_train * config.client_fraction * config.local_epochs
-    return config.rounds * epoch * per_sample * model * algo
+    return config.rounds_run * epoch * per_sample * model * algo
 
 
 def device_kind() -> str:
@@ -338,7 +338,7 @@ def rounds_left(config: Config, root: Path | None = None) -> float:
         saved = torch.load(path, map_location="cpu", weights_only=True)
         if saved.get("config_key") != config.key():
             return 1.0
-        return min(1.0, max(0.0, 1.0 - int(saved["next_round"]) / config.rounds))
+        return min(1.0, max(0.0, 1.0 - int(saved["next_round"]) / config.rounds_run))
     except Exception:  # noqa: BLE001 - any unreadable checkpoint: as if there were none
         return 1.0
 
@@ -557,8 +557,8 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
                 est = share_left * sum(estimate_s(c, per_sample, rc, gc) for c in chunk)
                 time_left = deadline - time.time()
                 if carry_over:  # only what must fit: a few rounds, the rest carries over
-                    est = min(est, CARRY_OVER_MIN_ROUNDS * sum(estimate_s(c, per_sample, rc, gc) / c.rounds
-                                                               for c in chunk))
+                    est = min(est, CARRY_OVER_MIN_ROUNDS * sum(
+                        estimate_s(c, per_sample, rc, gc) / c.rounds_run for c in chunk))
                 if time_left <= 0 or (math.isfinite(est) and est > time_left):
                     skipped += len(chunk)
                     complete = False
@@ -663,11 +663,11 @@ class InvalidResult(ValueError):
 
 
 #: Metrics bounded to [0, 1] wherever a round records them.
-UNIT_METRICS = ("test_acc", "personal_acc", "sent_frac", "kept_frac", "sparsity")
+UNIT_METRICS = ("test_acc", "personal_acc", "sent_frac", "kept_frac", "sparsity", "dead_units")
 #: Metrics that are counts, sizes or times: >= 0.
 NONNEGATIVE = ("clients", "bytes_up", "bytes_down", "wall_s", "eval_s", "clip", "next_clip",
                "update_norm_median", "update_norm_q10", "update_norm_q90", "noise_norm", "noise_multiplier",
-               "lr")
+               "lr", "weight_norm")
 PROVENANCE = ("device", "git_commit", "torch", "seed", "duration_s", "config_key", "content_sha256")
 
 
@@ -708,8 +708,8 @@ def check_result(name: str, data: bytes) -> Result:
     except (KeyError, IndexError, ValueError, TypeError):
         raise InvalidResult(f"{name}: its record of non-finite values names no value it holds") from None
     history = d["history"]
-    if len(history) != config.rounds:
-        raise InvalidResult(f"{name}: {len(history)} rounds recorded, the config has {config.rounds}")
+    if len(history) != config.rounds_run:
+        raise InvalidResult(f"{name}: {len(history)} rounds recorded, the config trains {config.rounds_run}")
     diverged = bool(meta.get("diverged", False))
     for i, h in enumerate(history):
         if not isinstance(h, dict) or h.get("round") != i + 1:

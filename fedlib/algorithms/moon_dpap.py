@@ -141,7 +141,7 @@ class MoonDpap(Moon):
     fields = (*Moon.fields, "cosine_lr", "lr_min", "tau_min", "mu_max", "schedule_ramp", "prune",
               "prune_t_min",
               "prune_t_max", "dp", "dp_epsilon_per_round", "dp_epsilon_total", "dp_schedule", "dp_eps_floor",
-              "dp_clip", "dp_delta", "secure_noise", "randomness", "dp_grad")
+              "dp_clip", "dp_delta", "secure_noise", "randomness", "dp_grad", "dp_noise_free")
 
     @classmethod
     def check(cls, config: Config) -> list[str]:
@@ -166,6 +166,9 @@ class MoonDpap(Moon):
         elif c.dp_grad == "ghost" and c.precision == "bfloat16":
             errs.append("dp_grad = ghost needs precision float32 or float64 (its hooks add float "
                         "perturbations to the layers' outputs)")
+        if c.dp_noise_free and c.dp != "formula":
+            errs.append("dp_noise_free is the formula in circulation's control without noise: it needs "
+                        "dp = formula")
         if c.dp not in DP_MODES:
             errs.append(f"dp must be one of {', '.join(DP_MODES)}, got {c.dp!r}")
         elif c.dp != "none":
@@ -333,6 +336,8 @@ class MoonDpap(Moon):
         c = self.config
         n = round(float(upload["samples"]))
         sigma = formula_sigma(ctx.hyper["lr"], c.dp_clip, n, ctx.hyper["epsilon_nominal"], c.dp_delta)
+        if c.dp_noise_free:  # the control: the same clipped update, nothing added
+            return upload, {"formula_sigma": 0.0}
         device = next(iter(upload["delta"].values())).device
         g = generator_for(*self.noise_seed(Stream.FORMULA_NOISE, ctx.t, client), device=device)
         masks = ctx.shared.get("masks")

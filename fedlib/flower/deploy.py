@@ -183,7 +183,7 @@ class Deployment:
         overrides = self.workdir / f"run-{i}.toml"
         overrides.write_text(f"fedlib-config = {json.dumps(json.dumps(c.to_dict()))}\n"
                              f'fedlib-node-data = "node{{node}}-{i}.pt"\n')
-        bar = tqdm(total=c.rounds, desc=f"{c.algorithm} (flower deployment, {self.nodes} nodes)",
+        bar = tqdm(total=c.rounds_run, desc=f"{c.algorithm} (flower deployment, {self.nodes} nodes)",
                    unit="round", disable=not progress)
         t0 = time.time()
         log = open(self.workdir / f"run-{i}.log", "w")
@@ -202,7 +202,7 @@ class Deployment:
             p.wait(timeout=60)
         finally:
             log.close()
-            bar.n = c.rounds if p.returncode == 0 else bar.n
+            bar.n = c.rounds_run if p.returncode == 0 else bar.n
             bar.close()
         if p.returncode != 0:
             raise RuntimeError(f"flwr run failed ({p.returncode}); see {log.name}")

@@ -105,13 +105,14 @@ class ResultWriter:
             self.transport.append(rec.pop(TRANSPORT))
         if self.first_round_at is None:  # the clock of the progress bar starts with round 1
             self.first_round_at = time.time() - wall_s
-            self.bar = tqdm(total=self.config.rounds, desc=f"{self.config.algorithm} (flower)", unit="round",
+            self.bar = tqdm(total=self.config.rounds_run, desc=f"{self.config.algorithm} (flower)",
+                            unit="round",
                             disable=not self.progress)
         done = self.trainee.after_round(t, rec, wall_s, checkpoint_every=10**9)
         self.bar.update(1)
         if done.get("test_acc") is not None:
             self.bar.set_postfix(acc=f"{done['test_acc']:.4f}", loss=f"{done['test_loss']:.3f}")
-        if t + 1 == self.config.rounds:
+        if t + 1 == self.config.rounds_run:
             self.bar.close()
             flower = dict(self.extra.get("flower", {}))
             if self.memory is not None:

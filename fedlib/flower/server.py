@@ -244,7 +244,7 @@ def server_app(configs: list[Config] | None, start: Callable[[Config], Any],
             exp = start(cfg)
             nodes = discover(grid, cfg, threads)
             strategy = FedlibStrategy(exp, nodes, on_round, threads)
-            strategy.start(grid, to_records(exp.gparams)[0], num_rounds=cfg.rounds)
+            strategy.start(grid, to_records(exp.gparams)[0], num_rounds=cfg.rounds_run)
 
     return app
 

@@ -44,6 +44,8 @@ RELEASED_METRICS = frozenset(
         "round",
         "test_acc",
         "test_loss",
+        "weight_norm",
+        "dead_units",
         "epsilon_spent",
         "epsilon_round",
         "noise_multiplier",
