@@ -254,9 +254,10 @@ class Config:
     # ---- validation: types, then the generic rules, then the algorithm's own check -------
     def validate(self) -> Config:
         """Raise :class:`ConfigError` listing every problem; return ``self`` when valid: the field
-        types (:func:`_type_problems`), the generic rules (:func:`_generic_problems`), then the check
+        types (:func:`_type_problems`), each field alone (:func:`_field_problems`), the generic rules
+        (:func:`_generic_problems`), then the check
         of the config's algorithm (``Algorithm.check``)."""
-        for problems in (_type_problems, _generic_problems):
+        for problems in (_type_problems, _field_problems, _generic_problems):
             errs = problems(self)
             if errs:
                 raise ConfigError("invalid config:\n  " + "\n  ".join(errs))
@@ -320,6 +321,82 @@ def _type_problems(c: Config) -> list[str]:
     return errs
 
 
+#: The largest integer a field may hold: what a C ``long long`` holds (seeds reach PyTorch's and NumPy's
+#: generators as one; a 20-digit seed overflowed there, issue 78).
+INT_MAX = 2**63 - 1
+#: The largest (epsilon, delta) budget of a Gaussian mechanism's calibration: far beyond any meaningful
+#: guarantee (the study's frontiers stop at 1,000), where the calibrations still converge (tested).
+MAX_GAUSSIAN_EPSILON = 1e4
+#: The largest epsilon of a local randomiser: its probabilities are exp(epsilon) ratios, which overflow
+#: a float near 709; beyond 100 a randomiser is the identity to within 1e-43 anyway.
+MAX_LOCAL_EPSILON = 100.0
+#: The largest clip norm: 1e9 is DP-FedAvg's "no clipping" in the study; float32 squares of 1e12 still fit.
+MAX_CLIP = 1e12
+
+
+def _between(low: float, high: float, low_open: bool = True, high_open: bool = False):
+    def test(v) -> bool:
+        return (low < v if low_open else low <= v) and (v < high if high_open else v <= high)
+    return test
+
+
+#: Every numeric field's own range, checked in every mode before anything else (issue 78): a value no
+#: mechanism could accept is refused even where the mode set does not read it (``--dp none`` with
+#: ``--dp-delta 5``), and the extremes where a computation would fail are refused by name, not by the
+#: library that fails on them. Cross-field rules (lr_min <= lr, sizes within the data) stay below.
+FIELD_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "seed": (_between(0, INT_MAX, low_open=False), f"an integer in [0, {INT_MAX}]"),
+    **{name: (_between(1, INT_MAX, low_open=False), f"an integer in [1, {INT_MAX}]") for name in (
+        "clients", "min_client_samples", "shards_per_client", "rounds", "local_epochs", "batch_size",
+        "eval_every", "fdl_k", "signds_h")},
+    **{name: (_between(0, INT_MAX, low_open=False), f"an integer in [0, {INT_MAX}]") for name in (
+        "train_rounds", "train_samples", "test_samples", "validation_samples", "projection_dim")},
+    **{name: (lambda v: v >= 0, ">= 0") for name in (
+        "weight_decay", "prox_mu", "feddyn_alpha", "moon_mu", "ditto_lambda", "lr_min", "mu_max",
+        "prune_t_min", "prune_t_max", "clip_count_std", "fdl_r")},
+    **{name: (lambda v: v > 0, "> 0") for name in (
+        "alpha", "lr", "server_lr", "moon_tau", "tau_min", "clip_lr", "signds_lr")},
+    "schedule_ramp": (_between(0, 1), "in (0, 1]"),
+    "dp_eps_floor": (_between(0, 1, low_open=False), "in [0, 1] (a fraction of epsilon_0)"),
+    **{name: (_between(0, MAX_GAUSSIAN_EPSILON), f"in (0, {MAX_GAUSSIAN_EPSILON:g}]") for name in (
+        "dp_epsilon_per_round", "dp_epsilon_total")},
+    **{name: (_between(0, MAX_LOCAL_EPSILON), f"in (0, {MAX_LOCAL_EPSILON:g}]") for name in (
+        "ldp_fl_epsilon_per_coordinate", "signds_epsilon_per_round", "fdl_epsilon_per_draw",
+        "fdl_epsilon_per_round")},
+    **{name: (_between(0, MAX_CLIP), f"in (0, {MAX_CLIP:g}]") for name in ("dp_clip", "ldp_clip")},
+    "dp_delta": (_between(0, 1, high_open=True), "in (0, 1)"),
+    "dp_noise_multiplier": (_between(0, 1e6, low_open=False), "in [0, 1e6]"),
+    "clip_quantile": (_between(0, 1, high_open=True), "in (0, 1)"),
+    "fdl_th": (_between(0, 1), "in (0, 1]"),
+    "fdl_selection_share": (_between(0, 1, high_open=True), "in (0, 1)"),
+    "signds_k": (_between(0, 0.25), "in (0, 0.25]"),
+    "signds_threshold": (_between(0.5, 1, low_open=False), "in [0.5, 1]"),
+}
+#: Fields with a fixed set of values, checked in every mode too.
+FIELD_CHOICES = {"dp_schedule": ("paper", "constant"), "dp_grad": ("per_sample", "ghost"),
+                 "fdl_mode": ("as_published", "corrected")}
+
+
+def _range_problems(c: Config) -> list[str]:
+    """Each field within its own range (:data:`FIELD_RANGES`, :data:`FIELD_CHOICES`), whatever the mode:
+    one line per field, naming it."""
+    errs = []
+    for name, (test, text) in FIELD_RANGES.items():
+        v = getattr(c, name)
+        if not test(v):
+            errs.append(f"{name} must be {text}, got {v!r}")
+    for name, allowed in FIELD_CHOICES.items():
+        if getattr(c, name) not in allowed:
+            errs.append(f"{name} must be one of {', '.join(allowed)}, got {getattr(c, name)!r}")
+    return errs
+
+
+def _field_problems(c: Config) -> list[str]:
+    """Each field on its own: within its range, and read by the algorithm when set
+    (:func:`ownership_problems`); checked before the rules that combine fields."""
+    return _range_problems(c) + ownership_problems(c)
+
+
 def _generic_problems(c: Config) -> list[str]:
     """The rules every run shares, then the check registered for ``c.algorithm``."""
     errs: list[str] = []
@@ -355,7 +432,6 @@ def _generic_problems(c: Config) -> list[str]:
     if c.randomness not in ("seeded", "secret"):
         errs.append(f"randomness must be seeded or secret, got {c.randomness!r}")
     errs.extend(_size_problems(c))
-    errs.extend(ownership_problems(c))
     if c.algorithm in _ALGORITHM_CHECKS:
         errs.extend(_ALGORITHM_CHECKS[c.algorithm](c))
     return errs

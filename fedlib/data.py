@@ -118,7 +118,9 @@ def verify_checksums(name: str, root: Path | None = None) -> None:
 
 def data_dir() -> Path:
     """Root of raw downloads: ``$FEDLIB_DATA_DIR`` or ``<repo>/data/raw``."""
-    return Path(os.environ.get("FEDLIB_DATA_DIR", REPO_ROOT / "data" / "raw"))
+    from fedlib.results import folder_setting
+
+    return folder_setting("FEDLIB_DATA_DIR") or REPO_ROOT / "data" / "raw"
 
 
 def _raw_dir(name: str, root: Path) -> Path:

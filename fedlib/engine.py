@@ -643,9 +643,13 @@ def _worker_loop(conn, algo: Algorithm, x: torch.Tensor, y: torch.Tensor, parent
             if config is not None and config.key() not in releasers:
                 releasers[config.key()] = type(algo)(config, algo.model)
             releaser = algo if config is None else releasers[config.key()]
-            conn.send(("ok", run_sequential(algo, x, y, plan, cstates, ctx, releaser)))
+            reply = ("ok", run_sequential(algo, x, y, plan, cstates, ctx, releaser))
         except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises
-            conn.send(("error", repr(e)))
+            reply = ("error", repr(e))
+        try:
+            conn.send(reply)
+        except OSError:  # the parent stopped (Ctrl-C) while this round ran: end quietly, no traceback
+            break
 
 
 def worker_start_method() -> str:

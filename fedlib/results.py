@@ -30,9 +30,21 @@ from fedlib.kernels import device_options, kernel_settings
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def folder_setting(name: str) -> Path | None:
+    """The folder an environment setting names, or None when it is not set. Set but empty (or blank),
+    it is refused with one line naming it: ``Path("")`` is the current folder, where a run would
+    otherwise write its results, models, locks and checkpoints without a word (issue 78)."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    if not value.strip():
+        raise ValueError(f"{name} is set but empty: set it to a folder, or unset it for the default")
+    return Path(value)
+
+
 def results_dir() -> Path:
     """``$FEDLIB_RESULTS_DIR`` or ``<repo>/data/results``."""
-    return Path(os.environ.get("FEDLIB_RESULTS_DIR", REPO_ROOT / "data" / "results"))
+    return folder_setting("FEDLIB_RESULTS_DIR") or REPO_ROOT / "data" / "results"
 
 
 def process_umask() -> int:
@@ -278,41 +290,119 @@ class Result:
 
     @classmethod
     def load(cls, path: Path, expect: Config | None = None) -> Result:
-        """The result at ``path``, verified: a JSON object with config, history and meta; its file
-        name and ``meta.config_key`` are its config's key (and that config is ``expect`` when given);
-        its content hash matches what it holds. Anything else is an :class:`InvalidResultFile` with a
+        """The result at ``path``, verified by :func:`verify_result` (the same rules ``lab.campaign
+        unpack`` applies to an incoming archive): anything else is an :class:`InvalidResultFile` with a
         one-line reason. The hash catches accidental damage (a truncated or altered file, an edit
         that forgot it); it cannot catch a deliberate edit that recomputes it: ``python -m
         lab.reproduce`` retrains committed results and says which still come back."""
         path = Path(path)
         try:
-            d = json.loads(path.read_bytes())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise InvalidResultFile(path, f"not a readable JSON file ({type(e).__name__})") from None
-        if not (isinstance(d, dict) and isinstance(d.get("config"), dict)
-                and isinstance(d.get("history"), list) and isinstance(d.get("meta"), dict)):
-            raise InvalidResultFile(path, "not a result (an object with config, history and meta)")
+            data = path.read_bytes()
+        except OSError as e:
+            raise InvalidResultFile(path, f"not a readable file ({type(e).__name__})") from None
         try:
-            config = Config.from_dict(d["config"])
-        except (ValueError, TypeError) as e:
-            raise InvalidResultFile(path, f"its config is invalid ({' '.join(str(e).split())})") from None
-        key = config.key()
-        if path.name != f"{config.algorithm}-{key}.json" or d["meta"].get("config_key") != key:
-            raise InvalidResultFile(path, f"it holds the result of another config ({config.algorithm}-"
-                                          f"{key})")
-        if expect is not None and config != expect:
-            raise InvalidResultFile(path, "its config is not the one asked for")
-        if d["meta"].get("content_sha256") != content_hash(d):
-            raise InvalidResultFile(path, "its content hash does not match (edited by hand, or written by "
-                                          "older code: python -m lab.migrate adds it)")
-        d = decode_nonfinite(d)
-        return cls(config, d["history"], d["meta"], path)
+            config, history, meta = verify_result(data, path.name, expect)
+        except ResultRefused as e:
+            raise InvalidResultFile(path, str(e)) from None
+        return cls(config, history, meta, path)
 
     def save(self, path: Path) -> None:
         text = self.to_json()
         self.meta["content_sha256"] = json.loads(text)["meta"]["content_sha256"]
         atomic_write_bytes(path, text.encode())
         self.path = path
+
+
+class ResultRefused(ValueError):
+    """Why a result's content does not verify (:func:`verify_result`), in one line."""
+
+
+#: Metrics bounded to [0, 1] wherever a round records them.
+UNIT_METRICS = ("test_acc", "personal_acc", "sent_frac", "kept_frac", "sparsity", "dead_units")
+#: Metrics that are counts, sizes, norms, rates or times: >= 0.
+NONNEGATIVE = ("clients", "bytes_up", "bytes_down", "wall_s", "eval_s", "clip", "next_clip",
+               "update_norm_median", "update_norm_q10", "update_norm_q90", "noise_norm", "noise_multiplier",
+               "lr", "weight_norm")
+#: What every result's ``meta`` records of where it came from.
+PROVENANCE = ("device", "git_commit", "torch", "seed", "duration_s", "config_key", "content_sha256")
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def verify_result(data: bytes, name: str, expect: Config | None = None) -> tuple[Config, list, dict]:
+    """A result file's bytes checked like input, the one validation of the results cache
+    (:meth:`Result.load`, hence :func:`load_cached` and :func:`result_status`) and of ``lab.campaign
+    unpack`` (issue 78): a JSON object with config, history and meta; a valid config whose key names
+    the file (``name``) and ``meta.config_key`` (and that is ``expect`` when given); its provenance
+    present; its content hash matching; its record of non-finite values well formed; every round it
+    trains recorded in order, as a mapping of metric names to numbers (or null where not evaluated)
+    within their ranges (an accuracy in [0, 1]; a non-finite loss only in a run marked ``diverged``,
+    or a training loss in a round without clients); the last round evaluated. Returns the config, the
+    history and the meta (non-finite values restored); raises :class:`ResultRefused` (one line)."""
+    try:
+        d = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ResultRefused(f"not JSON ({type(e).__name__})") from None
+    if not (isinstance(d, dict) and isinstance(d.get("config"), dict) and isinstance(d.get("history"), list)
+            and isinstance(d.get("meta"), dict)):
+        raise ResultRefused("not a result (an object with config, history and meta)")
+    try:
+        config = Config.from_dict(d["config"]).validate()
+    except (ValueError, TypeError) as e:
+        text = " ".join(str(e).split()).removeprefix("invalid config: ")
+        raise ResultRefused(f"its config is invalid ({text})") from None
+    key, meta = config.key(), d["meta"]
+    if name != f"{config.algorithm}-{key}.json" or meta.get("config_key") != key:
+        raise ResultRefused(f"it holds the result of another config ({config.algorithm}-{key})")
+    if expect is not None and config != expect:
+        raise ResultRefused("its config is not the one asked for")
+    missing = [k for k in PROVENANCE if k not in meta]
+    if missing:
+        raise ResultRefused(f"its provenance lacks {', '.join(map(repr, missing))}")
+    if meta.get("content_sha256") != content_hash(d):
+        raise ResultRefused("its content hash does not match (edited by hand, or written by older code: "
+                            "python -m lab.migrate adds it)")
+    nonfinite = d.get("nonfinite") or {}
+    if not isinstance(nonfinite, dict) or not all(v in ("nan", "inf", "-inf") for v in nonfinite.values()):
+        raise ResultRefused("its record of non-finite values is malformed")
+    try:
+        d = decode_nonfinite(d)
+    except (KeyError, IndexError, ValueError, TypeError):
+        raise ResultRefused("its record of non-finite values names no value it holds") from None
+    history = d["history"]
+    _check_history(history, config, bool(meta.get("diverged", False)))
+    return config, history, d["meta"]
+
+
+def _check_history(history: list, config: Config, diverged: bool) -> None:
+    """The rounds of a result, checked as :func:`verify_result` says."""
+    if len(history) != config.rounds_run:
+        raise ResultRefused(f"{len(history)} rounds recorded, the config trains {config.rounds_run}")
+    for i, h in enumerate(history):
+        if not isinstance(h, dict) or h.get("round") != i + 1:
+            raise ResultRefused(f"round {i + 1} is missing or out of order")
+        for k, v in h.items():
+            if v is None:
+                continue
+            if not is_number(v):
+                raise ResultRefused(f"{k} = {v!r} in round {i + 1} is not a number")
+            where = f"{k} = {v} in round {i + 1}"
+            if k in UNIT_METRICS and not 0 <= v <= 1:
+                raise ResultRefused(f"{where} is outside [0, 1]")
+            if k in NONNEGATIVE and not v >= 0:
+                raise ResultRefused(f"{where} is negative or not a number")
+            if k.startswith("epsilon") and not v >= 0:  # inf is a valid epsilon (no guarantee)
+                raise ResultRefused(f"{where} is not an epsilon")
+            if k in ("test_loss", "train_loss") and not math.isfinite(v):
+                no_clients = k == "train_loss" and h.get("clients") == 0
+                if not (diverged or no_clients):
+                    raise ResultRefused(f"{where} is not finite and the run is not marked diverged")
+            elif k in ("test_loss", "train_loss") and v < 0:
+                raise ResultRefused(f"{where} is negative")
+    if not history or history[-1].get("test_acc") is None:
+        raise ResultRefused("the last round has no test accuracy")
 
 
 class InvalidResultFile(ValueError):
@@ -334,10 +424,12 @@ def content_hash(d: dict[str, Any]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def set_aside(path: Path, reason: str) -> Path:
+def set_aside(path: Path, reason: str) -> Path | None:
     """Move a result file that does not verify out of the way (never delete it) to
     ``<its folder>/rejected/<name>.<UTC time>[.<n>]``, with a one-line warning on stderr; returns
-    where. Names never collide: a second file set aside within the same second gets ``.1``, ``.2``..."""
+    where. Names never collide: a second file set aside within the same second gets ``.1``, ``.2``...
+    When another process sets the same file aside first, the name claimed here is given back and
+    None is returned, silently (that process has said it)."""
     path = Path(path)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     folder = path.parent / "rejected"
@@ -350,7 +442,11 @@ def set_aside(path: Path, reason: str) -> Path:
             continue
         os.close(fd)
         break
-    os.replace(path, target)
+    try:
+        os.replace(path, target)
+    except FileNotFoundError:  # another process moved it first: no empty placeholder left behind
+        target.unlink(missing_ok=True)
+        return None
     print(f"warning: {path.name} set aside to {target} ({reason}); it will be recomputed", file=sys.stderr)
     return target
 
@@ -373,7 +469,8 @@ class ConfigLocks:
         if key in self.held:
             return True
         self.folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.folder / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        # 0666 less the umask, as every file this process creates (atomic_write_bytes)
+        fd = os.open(self.folder / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
         except BlockingIOError:
@@ -462,9 +559,9 @@ def default_checkpoint_dir() -> Path:
     ``$XDG_CACHE_HOME/fedlib/checkpoints`` (``~/.cache/fedlib/checkpoints``). Outside the work tree on
     purpose: a run cut off when a working period ends resumes in the next one on the same machine,
     from any clone of the repository (a checkpoint is keyed by its config and checked on load)."""
-    env = os.environ.get("FEDLIB_CHECKPOINT_DIR")
-    if env:
-        return Path(env)
+    env = folder_setting("FEDLIB_CHECKPOINT_DIR")
+    if env is not None:
+        return env
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "fedlib" / "checkpoints"
 
@@ -476,7 +573,7 @@ def checkpoint_dir(root: Path | None = None) -> Path:
     a scratch rerun's), so that such runs never resume from each other's checkpoints."""
     root = Path(root or results_dir())
     repository = (REPO_ROOT / "data" / "results").resolve()
-    if os.environ.get("FEDLIB_CHECKPOINT_DIR") or root.resolve() == repository:
+    if folder_setting("FEDLIB_CHECKPOINT_DIR") is not None or root.resolve() == repository:
         return default_checkpoint_dir()
     return root / "checkpoints"
 

@@ -218,8 +218,13 @@ class Trainee:
                                **exp.algo.privacy_details()}
             meta["privacy"].update(classify_meta({**meta, "content_sha256": ""}))
         result = Result(config, self.history, meta)
-        atomic_torch_save(tmap(lambda p: p.cpu(), exp.gparams), model_path(config, root))
-        result.save(self.out)
+        model = model_path(config, root)
+        atomic_torch_save(tmap(lambda p: p.cpu(), exp.gparams), model)
+        try:
+            result.save(self.out)
+        except BaseException:  # no model file without its result (the checkpoint stays for a rerun)
+            model.unlink(missing_ok=True)
+            raise
         self.ckpt.unlink(missing_ok=True)
         _log_run(result, cached=False)
         return result
@@ -263,6 +268,7 @@ def run_many(configs: list[Config], *, engine: str = "auto", device: str | torch
     dev = pick_device(device)
     path = _validate_engine(engine, dev, checkpoint_every)
     root = Path(root or results_dir())
+    data_mod.data_dir()  # an empty FEDLIB_DATA_DIR is refused before any folder is made
     results: dict[int, Result] = {}
     todo: list[int] = []
     for i, c in enumerate(configs):

@@ -54,16 +54,17 @@ from fedlib.results import (
     MIN_FREE_BYTES,
     REPO_ROOT,
     Result,
+    ResultRefused,
     atomic_write_bytes,
     check_writable,
     checkpoint_dir,
     checkpoint_path,
-    content_hash,
-    decode_nonfinite,
+    is_number,
     result_path,
     result_status,
     results_dir,
     run_seconds,
+    verify_result,
 )
 from fedlib.run import batch_key, run_many
 
@@ -662,78 +663,13 @@ class InvalidResult(ValueError):
     """An incoming result or archive that is refused (one line says why)."""
 
 
-#: Metrics bounded to [0, 1] wherever a round records them.
-UNIT_METRICS = ("test_acc", "personal_acc", "sent_frac", "kept_frac", "sparsity", "dead_units")
-#: Metrics that are counts, sizes or times: >= 0.
-NONNEGATIVE = ("clients", "bytes_up", "bytes_down", "wall_s", "eval_s", "clip", "next_clip",
-               "update_norm_median", "update_norm_q10", "update_norm_q90", "noise_norm", "noise_multiplier",
-               "lr", "weight_norm")
-PROVENANCE = ("device", "git_commit", "torch", "seed", "duration_s", "config_key", "content_sha256")
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def check_result(name: str, data: bytes) -> Result:
-    """A result file as received: parse it and check it like input. Its config must be valid, its
-    file name and ``meta.config_key`` must be its config's key, every round recorded in order, every
-    metric in its range (an accuracy in [0, 1]; a non-finite loss only in a run marked
-    ``diverged``, or a training loss in a round without clients), its provenance present."""
+    """A result file as received, checked like input by :func:`fedlib.results.verify_result` (the
+    results cache's own check): anything it refuses is an :class:`InvalidResult` naming the file."""
     try:
-        d = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InvalidResult(f"{name}: not JSON ({e})") from None
-    if not isinstance(d, dict) or not isinstance(d.get("config"), dict) or not isinstance(
-            d.get("history"), list) or not isinstance(d.get("meta"), dict):
-        raise InvalidResult(f"{name}: not a result (an object with config, history and meta)")
-    try:
-        config = Config.from_dict(d["config"]).validate()
-    except (ConfigError, TypeError) as e:
-        raise InvalidResult(f"{name}: invalid config: {' '.join(str(e).split())}") from None
-    expected = f"{config.algorithm}-{config.key()}.json"
-    meta = d["meta"]
-    if name != expected or meta.get("config_key") != config.key():
-        raise InvalidResult(f"{name}: its config's key says {expected}")
-    for k in PROVENANCE:
-        if k not in meta:
-            raise InvalidResult(f"{name}: provenance lacks {k!r}")
-    if meta.get("content_sha256") != content_hash(d):
-        raise InvalidResult(f"{name}: its content hash does not match what it holds")
-    nonfinite = d.get("nonfinite") or {}
-    if not isinstance(nonfinite, dict) or not all(v in ("nan", "inf", "-inf") for v in nonfinite.values()):
-        raise InvalidResult(f"{name}: its record of non-finite values is malformed")
-    try:
-        d = decode_nonfinite(d)
-    except (KeyError, IndexError, ValueError, TypeError):
-        raise InvalidResult(f"{name}: its record of non-finite values names no value it holds") from None
-    history = d["history"]
-    if len(history) != config.rounds_run:
-        raise InvalidResult(f"{name}: {len(history)} rounds recorded, the config trains {config.rounds_run}")
-    diverged = bool(meta.get("diverged", False))
-    for i, h in enumerate(history):
-        if not isinstance(h, dict) or h.get("round") != i + 1:
-            raise InvalidResult(f"{name}: round {i + 1} is missing or out of order")
-        for k, v in h.items():
-            if v is None:
-                continue
-            if not _is_number(v):
-                raise InvalidResult(f"{name}: {k} = {v!r} in round {i + 1} is not a number")
-            where = f"{name}: {k} = {v} in round {i + 1}"
-            if k in UNIT_METRICS and not 0 <= v <= 1:
-                raise InvalidResult(f"{where} is outside [0, 1]")
-            if k in NONNEGATIVE and not v >= 0:
-                raise InvalidResult(f"{where} is negative or not a number")
-            if k.startswith("epsilon") and not v >= 0:  # inf is a valid epsilon (no guarantee)
-                raise InvalidResult(f"{where} is not an epsilon")
-            if k in ("test_loss", "train_loss") and not math.isfinite(v):
-                no_clients = k == "train_loss" and h.get("clients") == 0
-                if not (diverged or no_clients):
-                    raise InvalidResult(f"{where} is not finite and the run is not marked diverged")
-            elif k in ("test_loss", "train_loss") and v < 0:
-                raise InvalidResult(f"{where} is negative")
-    if history[-1].get("test_acc") is None:
-        raise InvalidResult(f"{name}: the last round has no test accuracy")
+        config, history, meta = verify_result(data, name)
+    except ResultRefused as e:
+        raise InvalidResult(f"{name}: {e}") from None
     return Result(config, history, meta)
 
 
@@ -747,7 +683,7 @@ def check_audit(name: str, data: bytes) -> dict:
         raise InvalidResult(f"{name}: not an audit file (members and nonmembers)")
     for k, v in d.items():
         if not isinstance(v, list) or not v or not all(
-                _is_number(x) and math.isfinite(x) and x >= 0 for x in v):
+                is_number(x) and math.isfinite(x) and x >= 0 for x in v):
             raise InvalidResult(f"{name}: {k} is not a list of finite, non-negative losses")
     return d
 

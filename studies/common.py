@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import re
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,18 +95,33 @@ PARAMETER_RULES = {
 }
 
 
-#: Names an IPython kernel defines itself (not parameters).
-_KERNEL_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
+#: Names an IPython kernel defines itself, with what each holds there: a parameter injected under one of
+#: these names (``papermill -p open 1``) replaces it with something else, and is refused (issue 78).
+_KERNEL_NAMES = {"In": list, "Out": dict, "get_ipython": callable, "exit": callable, "quit": callable,
+                 "open": callable}
+#: The underscore names IPython's output caching and namespace define (``_``, ``__``, ``_i``, ``_ii``,
+#: ``_i3``, ``_3``, ``_dh``, ``_oh``, ``_ih``, ``_exit_code``, dunders); any other underscore name holding
+#: data came from a parameters cell.
+_KERNEL_UNDERSCORE = re.compile(r"_{1,3}|_i{1,3}|_i?\d+|_(dh|oh|ih|exit_code)|__\w+__")
+
+
+def _kernel_owns(name: str, value) -> bool:
+    """Whether ``name`` is the kernel's own, holding what the kernel put there."""
+    if name in _KERNEL_NAMES:
+        kind = _KERNEL_NAMES[name]
+        return callable(value) if kind is callable else isinstance(value, kind)
+    return bool(_KERNEL_UNDERSCORE.fullmatch(name))
 
 
 def _undeclared(params: dict, caller: dict) -> list[str]:
     """Data values defined in a notebook kernel's namespace (``caller``) that are not ``params``:
-    what papermill injected beyond the declared parameters. Empty outside a kernel."""
+    what papermill injected beyond the declared parameters (a kernel name replaced by a value
+    included). Empty outside a kernel."""
     if "get_ipython" not in caller:
         return []
     return sorted(name for name, value in caller.items()
-                  if not name.startswith("_") and name not in _KERNEL_NAMES and name not in params
-                  and not (inspect.ismodule(value) or callable(value)))
+                  if name not in params and not _kernel_owns(name, value)
+                  and not (inspect.ismodule(value) or (callable(value) and name not in _KERNEL_NAMES)))
 
 
 def check_parameters(**params) -> None:

@@ -145,3 +145,144 @@ def test_check_parameters_rules():
     for bad in ({"delta_round": 1.0}, {"n_seeds": True}, {"clips": [0.1, -1]}, {"profile": "custom"}):
         with pytest.raises(ParameterError):
             check_parameters(**bad)
+
+
+# ---- issue 78: every value checked where it enters --------------------------------------------------
+def _kernel_namespace(**injected) -> dict:
+    """What a notebook kernel's globals hold after its parameters cells: IPython's own names, a
+    declared parameter, and what papermill injected."""
+    return {"get_ipython": lambda: None, "In": ["", "x = 1"], "Out": {}, "open": open, "exit": exit,
+            "quit": quit, "_": None, "__": None, "_i": "", "_ii": "", "_i1": "x = 1", "_1": 3,
+            "_dh": ["/"], "_oh": {}, "_ih": [], "__name__": "__main__", "__builtins__": {},
+            "profile": "quick", **injected}
+
+
+@pytest.mark.parametrize("name", ["_x", "In", "Out", "open", "exit", "quit", "get_ipython", "nosuch"])
+def test_a_parameter_injected_under_a_kernel_name_is_refused(name):
+    from studies.common import _undeclared
+
+    assert _undeclared({"profile": "quick"}, _kernel_namespace()) == []
+    assert _undeclared({"profile": "quick"}, _kernel_namespace(**{name: 1})) == [name]
+
+
+#: A DP setting no mechanism could accept, given with DP off (issue 78): refused all the same.
+DP_FIELDS_WITH_DP_OFF = [("--dp-delta", "5", "dp_delta"), ("--dp-clip", "0", "dp_clip"),
+                         ("--dp-epsilon-per-round", "-1", "dp_epsilon_per_round"),
+                         ("--dp-epsilon-total", "0", "dp_epsilon_total"),
+                         ("--dp-eps-floor", "-0.5", "dp_eps_floor")]
+#: Extremes that used to end in a library's error (a solver's NaN, a float overflow, a C long overflow).
+EXTREMES = [("--dp-epsilon-per-round", "1e300", "dp_epsilon_per_round"), ("--dp-clip", "1e300", "dp_clip"),
+            ("--seed", "99999999999999999999", "seed")]
+
+
+@pytest.mark.parametrize("option,value,field", DP_FIELDS_WITH_DP_OFF + EXTREMES)
+def test_a_field_out_of_its_range_is_refused_in_every_mode(option, value, field, capsys):
+    from fedlib.__main__ import main
+
+    code = main(["run", "--algorithm", "moon_dpap", "--dp", "none", "--clients", "3", "--train-samples",
+                 "300", "--test-samples", "100", "--rounds", "1", option, value])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1 and field in err, err
+    assert err.count("invalid config") == 1, err
+
+
+def test_every_field_range_accepts_the_default():
+    from fedlib.config import FIELD_RANGES, Config
+
+    d = Config()
+    for name, (test, _) in FIELD_RANGES.items():
+        assert test(getattr(d, name)), name
+
+
+@pytest.mark.parametrize("case", ["gaussian epsilon", "local epsilon", "clip", "seed"])
+def test_each_mechanism_runs_at_the_edge_of_its_range(case, tmp_path):
+    """The bounds are where the computations still work: one round of each mechanism at them."""
+    import math
+
+    from fedlib import Config, run
+    from fedlib.config import INT_MAX, MAX_CLIP, MAX_GAUSSIAN_EPSILON, MAX_LOCAL_EPSILON
+
+    base = Config(clients=3, train_samples=300, test_samples=100, rounds=2, profile="smoke", momentum=0.0)
+    e, le = MAX_GAUSSIAN_EPSILON, MAX_LOCAL_EPSILON
+    cases = {
+        "gaussian epsilon": [dict(algorithm="moon_dpap", dp="central", dp_epsilon_per_round=e),
+                             dict(algorithm="moon_dpap", dp="local", dp_epsilon_per_round=e),
+                             dict(algorithm="moon_dpap", dp="central", dp_schedule="constant",
+                                  dp_epsilon_total=e),
+                             dict(algorithm="moon_dpap", dp="record", dp_schedule="constant",
+                                  dp_epsilon_total=e),
+                             dict(algorithm="moon_dpap", dp="formula", dp_epsilon_per_round=e)],
+        "local epsilon": [dict(algorithm="ldp_fl", ldp_fl_epsilon_per_coordinate=le),
+                          dict(algorithm="signds_fl", signds_epsilon_per_round=le),
+                          dict(algorithm="fdl", fdl_epsilon_per_draw=le),
+                          dict(algorithm="fdl", fdl_mode="corrected", fdl_epsilon_per_round=le)],
+        "clip": [dict(algorithm="moon_dpap", dp="central", dp_clip=MAX_CLIP),
+                 dict(algorithm="moon_dpap", dp="record", dp_schedule="constant", dp_clip=MAX_CLIP),
+                 dict(algorithm="dp_fedavg", dp_clip=MAX_CLIP, dp_noise_multiplier=1e6),
+                 dict(algorithm="fdl", fdl_mode="corrected", ldp_clip=MAX_CLIP)],
+        "seed": [dict(seed=INT_MAX)],
+    }
+    for kw in cases[case]:
+        r = run(base.replace(**kw), root=tmp_path, progress=False, engine="sequential")
+        assert 0 <= r.final["test_acc"] <= 1, kw
+        eps = r.history[-1].get("epsilon_spent")
+        assert eps is None or eps >= 0 and not math.isnan(eps), kw
+
+
+@pytest.mark.parametrize("setting", ["FEDLIB_RESULTS_DIR", "FEDLIB_CHECKPOINT_DIR", "FEDLIB_DATA_DIR"])
+def test_an_empty_folder_setting_is_refused_with_its_name(setting, tmp_path, monkeypatch, capsys):
+    from fedlib.__main__ import main
+
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.setenv(setting, "")
+    code = main(["run", "--clients", "3", "--train-samples", "300", "--test-samples", "100", "--rounds", "1"])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and setting in err and len(err.splitlines()) == 1, err
+    assert list(here.iterdir()) == []  # nothing written into the current folder
+    assert not (tmp_path / "results").exists()  # nor anywhere else: refused before any work
+
+
+def test_two_processes_setting_aside_one_file_leave_no_placeholder(tmp_path):
+    from fedlib.results import set_aside
+
+    bad = tmp_path / "fedavg-0123456789abcdef.json"
+    bad.write_text("garbage")
+    first = set_aside(bad, "test")
+    assert first is not None and first.read_text() == "garbage"
+    assert set_aside(bad, "test") is None  # the other process: the file has gone
+    assert [p.name for p in (tmp_path / "rejected").iterdir()] == [first.name]
+
+
+def test_a_failed_result_write_leaves_no_model_without_its_result(tmp_path, monkeypatch):
+    from fedlib import Config, run
+    from fedlib.results import Result, model_path
+
+    cfg = Config(clients=3, train_samples=300, test_samples=100, rounds=1, profile="smoke")
+
+    def full_disk(self, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Result, "save", full_disk)
+    with pytest.raises(OSError):
+        run(cfg, root=tmp_path, progress=False, engine="sequential")
+    assert not model_path(cfg, tmp_path).exists()
+
+
+def test_lock_files_follow_the_umask(tmp_path):
+    import os
+
+    from fedlib import Config
+    from fedlib.results import ConfigLocks
+
+    old = os.umask(0o002)
+    try:
+        locks = ConfigLocks(tmp_path)
+        locks.acquire(Config(), block=False)
+        locks.release_all()
+    finally:
+        os.umask(old)
+    (lock,) = (tmp_path / "locks").iterdir()
+    assert lock.stat().st_mode & 0o777 == 0o664

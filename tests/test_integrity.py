@@ -233,8 +233,10 @@ def test_result_files_are_valid_json_and_read_back_their_non_finite_values(tmp_p
 
     cfg = Config(rounds=2)
     history = [{"round": 1, "train_loss": math.nan, "epsilon_spent": math.inf, "test_acc": None},
-               {"round": 2, "train_loss": 1.5, "epsilon_spent": -math.inf, "test_acc": 0.5}]
-    r = Result(cfg, history, {"config_key": cfg.key(), "device": "cpu"})
+               {"round": 2, "train_loss": 1.5, "skew": -math.inf, "test_acc": 0.5}]
+    meta = {"config_key": cfg.key(), "device": "cpu", "git_commit": "x", "torch": "x", "seed": 0,
+            "duration_s": 1.0, "diverged": True}
+    r = Result(cfg, history, meta)
     path = tmp_path / f"{cfg.algorithm}-{cfg.key()}.json"
     r.save(path)
 
@@ -245,7 +247,7 @@ def test_result_files_are_valid_json_and_read_back_their_non_finite_values(tmp_p
     assert d["history"][0]["train_loss"] is None and d["nonfinite"]["history/0/train_loss"] == "nan"
     back = Result.load(path)
     assert math.isnan(back.history[0]["train_loss"]) and back.history[0]["epsilon_spent"] == math.inf
-    assert back.history[1]["epsilon_spent"] == -math.inf and back.history[0]["test_acc"] is None
+    assert back.history[1]["skew"] == -math.inf and back.history[0]["test_acc"] is None
 
 
 def test_no_committed_result_holds_a_non_json_number():
@@ -267,3 +269,50 @@ def test_no_committed_result_holds_a_non_json_number():
             except AssertionError:
                 bad.append(f.name)
     assert not bad, bad[:5]
+
+
+def _rehash(d: dict) -> str:
+    """A forger (or a buggy writer) recomputes the content hash: the schema must hold without it."""
+    from fedlib.results import content_hash
+
+    d["meta"]["content_sha256"] = content_hash(d)
+    return json.dumps(d)
+
+
+#: The 13 ways a result can hold valid JSON of the wrong schema with a correct hash (issue 78): each
+#: damages a fresh copy of a good result; the cache refuses every one as unpack does.
+SCHEMA_DAMAGE = {
+    "history entries as strings": lambda d: d.update(history=[json.dumps(h) for h in d["history"]]),
+    "test_acc a string": lambda d: d["history"][-1].update(test_acc="0.9"),
+    "test_acc true": lambda d: d["history"][-1].update(test_acc=True),
+    "bad nonfinite entry": lambda d: d.update(nonfinite={"history/99/test_loss": "nan"}),
+    "nonfinite not a mapping": lambda d: d.update(nonfinite=["history/0/test_loss"]),
+    "short history": lambda d: d.update(history=d["history"][:1]),
+    "negative loss": lambda d: d["history"][0].update(train_loss=-1.0),
+    "accuracy above 1": lambda d: d["history"][-1].update(test_acc=7.0),
+    "round out of order": lambda d: d["history"][0].update(round=5),
+    "last round not evaluated": lambda d: d["history"][-1].update(test_acc=None),
+    "provenance missing": lambda d: d["meta"].pop("git_commit"),
+    "invalid config": lambda d: d["config"].update(lr=-1.0),
+    "meta a list": lambda d: d.update(meta=[d["meta"]]),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(SCHEMA_DAMAGE))
+def test_a_cached_result_of_the_wrong_schema_is_set_aside_and_recomputed(damage, tmp_path, capsys):
+    from lab.campaign import InvalidResult, check_result
+
+    good = run(TINY, root=tmp_path, progress=False)
+    d = json.loads(good.path.read_text())
+    SCHEMA_DAMAGE[damage](d)
+    text = _rehash(d) if isinstance(d.get("meta"), dict) else json.dumps(d)
+    good.path.write_text(text)
+    with pytest.raises(InvalidResult):  # the same rule in unpack
+        check_result(good.path.name, text.encode())
+    capsys.readouterr()
+    again = run(TINY, root=tmp_path, progress=False)
+    err = capsys.readouterr().err
+    timeless = [{k: v for k, v in h.items() if not k.endswith("_s")} for h in again.history]
+    assert timeless == [{k: v for k, v in h.items() if not k.endswith("_s")} for h in good.history]
+    assert len(_rejected(tmp_path)) == 1 and "set aside" in err and good.path.name in err
+    assert len([x for x in err.splitlines() if "set aside" in x]) == 1

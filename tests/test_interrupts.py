@@ -167,3 +167,41 @@ def test_entry_turns_each_way_of_stopping_into_one_line(error, code, capsys, mon
     assert entry(main) == code
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == (0 if code == 141 else 1), err
+
+
+@pytest.mark.parametrize("error", [ConnectionResetError, BrokenPipeError])
+def test_a_worker_whose_parent_stopped_mid_round_ends_without_a_traceback(error, monkeypatch):
+    """Issue 78: Ctrl-C on the parallel path stops the parent while a worker computes its round; the
+    worker's reply then meets a closed pipe. It used to raise there, and again when reporting that,
+    and multiprocessing printed the traceback (1 try in 7); it now ends quietly."""
+    import torch
+
+    from fedlib import engine
+
+    class Conn:
+        def __init__(self):
+            self.messages = [(None, None, None, None)]
+
+        def recv(self):
+            return self.messages.pop(0) if self.messages else None
+
+        def send(self, reply):
+            raise error(104, "Connection reset by peer")
+
+        def close(self):
+            pass
+
+    class Algo:
+        class config:  # noqa: N801 - a stand-in for a Config
+            @staticmethod
+            def key():
+                return "k"
+
+    monkeypatch.setattr(engine, "run_sequential", lambda *a: "the round's outputs")
+    monkeypatch.setattr(engine, "_die_with_parent", lambda pid: None)
+    threads, handler = torch.get_num_threads(), signal.getsignal(signal.SIGINT)
+    try:
+        engine._worker_loop(Conn(), Algo(), None, None, os.getpid(), [])  # returns: no exception
+    finally:
+        torch.set_num_threads(threads)
+        signal.signal(signal.SIGINT, handler)
