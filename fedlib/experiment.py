@@ -38,31 +38,34 @@ from fedlib.tree import stack, tmap
 def evaluate(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
              batch_size: int = 500) -> tuple[float, float]:
     """Accuracy and mean cross-entropy of ``params`` on (x, y)."""
-    acc, loss, _ = evaluate_with_units(model, params, x, y, batch_size)
+    acc, loss, _, _ = evaluate_with_units(model, params, x, y, batch_size)
     return acc, loss
 
 
 def evaluate_with_units(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                        batch_size: int = 500) -> tuple[float, float, float | None]:
-    """:func:`evaluate` and the share of *dead units*: units of the representation (``fc1``, before its
-    ReLU) that are never positive on any of (x, y), so that they pass no signal and get no gradient. A
-    model whose representation is all dead predicts one class for every input (a collapse); None for
-    a model without ``fc1``."""
+                        batch_size: int = 500) -> tuple[float, float, float | None, int]:
+    """:func:`evaluate`, the share of *dead units*: units of the representation (``fc1``, before its
+    ReLU) that are never positive on any of (x, y), so that they pass no signal and get no gradient
+    (None for a model without ``fc1``), and how many classes the model predicts on (x, y). A model whose
+    representation is all dead predicts one class for every input: a collapse."""
     fc1 = getattr(model, "fc1", None)
     alive: list[torch.Tensor] = []
     hook = fc1.register_forward_hook(lambda m, i, out: alive.append((out > 0).any(0))) if fc1 is not None \
         else None
-    correct, loss = 0.0, 0.0
+    correct, loss, predicted = 0.0, 0.0, torch.zeros(0, dtype=torch.bool)
     try:
         for i in range(0, len(y), batch_size):
             logits = functional_call(model, params, (x[i:i + batch_size],))
             loss += F.cross_entropy(logits, y[i:i + batch_size], reduction="sum").item()
-            correct += (logits.argmax(1) == y[i:i + batch_size]).sum().item()
+            pred = logits.argmax(1)
+            correct += (pred == y[i:i + batch_size]).sum().item()
+            seen = torch.bincount(pred, minlength=logits.shape[1]).cpu() > 0
+            predicted = seen if not len(predicted) else predicted | seen
     finally:
         if hook is not None:
             hook.remove()
     dead = None if not alive else float(1.0 - torch.stack(alive).any(0).float().mean())
-    return correct / len(y), loss / len(y), dead
+    return correct / len(y), loss / len(y), dead, int(predicted.sum())
 
 
 def init_params(config: Config, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -235,12 +238,14 @@ class Experiment:
         return self.finish(selected, work, outputs)
 
     def evaluate(self) -> dict[str, float]:
-        """Accuracy and loss of the global model on the evaluation set, with two diagnostics of its
-        state: the L2 norm of its weights and the share of its representation's dead units
-        (:func:`evaluate_with_units`; a noisy run's weights random-walk large and its units die)."""
-        acc, loss, dead = evaluate_with_units(self.model, self.gparams, self.data.x_test, self.data.y_test)
+        """Accuracy and loss of the global model on the evaluation set, with three diagnostics of its
+        state: the L2 norm of its weights, the share of its representation's dead units and the number
+        of classes it predicts (:func:`evaluate_with_units`; a noisy run's weights random-walk large, its
+        units die and it ends predicting one class: :func:`fedlib.results.collapse`)."""
+        acc, loss, dead, classes = evaluate_with_units(self.model, self.gparams, self.data.x_test,
+                                                       self.data.y_test)
         norm = float(torch.sqrt(sum((v.double() ** 2).sum() for v in self.gparams.values())))
-        return {"test_acc": acc, "test_loss": loss, "weight_norm": norm,
+        return {"test_acc": acc, "test_loss": loss, "weight_norm": norm, "predicted_classes": classes,
                 **({"dead_units": dead} if dead is not None else {})}
 
     @torch.no_grad()

@@ -322,7 +322,7 @@ UNIT_METRICS = ("test_acc", "personal_acc", "sent_frac", "kept_frac", "sparsity"
 #: Metrics that are counts, sizes, norms, rates or times: >= 0.
 NONNEGATIVE = ("clients", "bytes_up", "bytes_down", "wall_s", "eval_s", "clip", "next_clip",
                "update_norm_median", "update_norm_q10", "update_norm_q90", "noise_norm", "noise_multiplier",
-               "lr", "weight_norm")
+               "lr", "weight_norm", "predicted_classes")
 #: What every result's ``meta`` records of where it came from.
 PROVENANCE = ("device", "git_commit", "torch", "seed", "duration_s", "config_key", "content_sha256")
 
@@ -528,6 +528,16 @@ def exploded(history: list[dict[str, Any]], classes: int = 10) -> bool:
     limit = EXPLODED_FACTOR * math.log(classes)
     return any(h.get("test_loss") is not None and math.isfinite(h["test_loss"]) and h["test_loss"] > limit
                for h in history)
+
+
+def collapse(history: list[dict[str, Any]]) -> dict[str, int | None]:
+    """Whether a run collapsed to a constant predictor, from its evaluations: how many evaluated rounds
+    predict a single class for every evaluation input (``predicted_classes`` 1), and the first of them
+    (None: never). A diagnostic every result records (``meta.collapse``): a model that predicts one
+    class scores exactly that class's share, chance on a balanced set, and very likely never leaves
+    it (its representation's units are dead, ``dead_units``)."""
+    rounds = [h["round"] for h in history if h.get("predicted_classes") == 1]
+    return {"rounds": len(rounds), "first_round": rounds[0] if rounds else None}
 
 
 def diverged(history: list[dict[str, Any]], classes: int = 10) -> bool:

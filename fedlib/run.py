@@ -33,6 +33,7 @@ from fedlib.results import (
     checkpoint_dir,
     checkpoint_path,
     code_commit,
+    collapse,
     diverged,
     load_cached,
     model_path,
@@ -207,6 +208,7 @@ class Trainee:
                 "duration_s": time.time() - start + elapsed_before,
                 "train_samples": int(len(exp.data.y_train)), "test_samples": int(len(exp.data.y_test)),
                 "client_sizes": [len(p) for p in exp.parts], "diverged": diverged(self.history),
+                "collapse": collapse(self.history),
                 "data_sha256": data_mod.dataset_digest(config.dataset),
                 "reproducible": config.randomness != "secret", **extra}
         if exp.guarantee is not None:

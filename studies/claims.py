@@ -86,23 +86,91 @@ class Finding:
     #: (:func:`studies.common.settled_beyond`). Empty: the page's.
     profile: str = ""
     seeds: int | None = None
+    #: A sub-row: the paper claim this row is part of (one claim graded in several federations, values
+    #: of r or with its controls), and how the ledger combines it into that claim's one verdict
+    #: (:data:`ROLES`). Empty: a claim of its own. The ledger counts each paper claim once
+    #: (:func:`studies.ledger.collect` writes the parent row from its sub-rows).
+    part_of: str = ""
+    role: str = ""
 
     def row(self) -> dict[str, str]:
         d = asdict(self)
         d["verdict"] = self.verdict.value
         if not self.profile:  # the page's profile: nothing to record per finding
             del d["profile"], d["seeds"]
+        if not self.part_of:  # a claim of its own
+            del d["part_of"], d["role"]
         return d
+
+
+#: How a sub-row enters its claim's verdict: ``any`` (the claim holds where one of them holds: the
+#: paper leaves open which setting it ran, e.g. its Dirichlet alpha), ``all`` (the claim is made for
+#: each of them, e.g. every r of a table), ``context`` (shown beside the claim, never deciding it: a
+#: control, an implied level).
+ROLES = ("any", "all", "context")
+
+
+def part(finding: Finding, parent: str, role: str) -> Finding:
+    """``finding`` as a sub-row of the paper claim ``parent`` (:attr:`Finding.part_of`) in ``role``."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    return replace(finding, part_of=parent, role=role)
+
+
+def combine(claim: str, rows: Sequence[Finding]) -> Finding:
+    """One paper claim's verdict from its sub-rows (:func:`part`): the ``all`` rows as :func:`all_of`
+    combines them, the ``any`` rows as alternatives (reproduced where one reproduces, not reproduced
+    only where every one fails), ``context`` rows left out; the reason names each deciding row."""
+    deciding = [f for f in rows if f.role != "context"]
+    if not deciding:
+        raise ValueError(f"{claim!r} has no deciding sub-row")
+    verdicts = [f.verdict for f in deciding]
+    each = "; ".join(f"{_sub_label(f.claim, claim)}: {f.verdict.value}" for f in deciding)
+    ours = "; ".join(f"{_sub_label(f.claim, claim)}: {f.ours}" for f in deciding)
+    if all(v is Verdict.NOT_EVALUATED for v in verdicts):
+        return not_evaluated(claim, ours)
+    if any(f.role == "all" for f in deciding):
+        found = all_of(claim, deciding)
+        return Finding(claim, ours, found.verdict, f"graded at each of {len(deciding)} ({each})")
+    if Verdict.REPRODUCED in verdicts:
+        verdict = Verdict.REPRODUCED
+    elif all(v is Verdict.NOT_REPRODUCED for v in verdicts):
+        verdict = Verdict.NOT_REPRODUCED
+    elif Verdict.PARTLY in verdicts:
+        verdict = Verdict.PARTLY
+    else:
+        verdict = Verdict.INCONCLUSIVE
+    how = ("not reproduced in any" if verdict is Verdict.NOT_REPRODUCED else
+           "reproduced in at least one" if verdict is Verdict.REPRODUCED else "graded in each")
+    return Finding(claim, ours, verdict,
+                   f"{how} of the {len(deciding)} settings the paper leaves open ({each})")
+
+
+def _sub_label(sub: str, parent: str) -> str:
+    """What a sub-row adds to its claim's text ("(Dirichlet alpha = 0.1)"), or its whole text."""
+    rest = sub.removeprefix(parent).strip() if sub.startswith(parent) else sub
+    return rest.strip("()[]: ") or sub
 
 
 #: Scopes of rows that are not evidence about the paper (see :class:`Finding`).
 IMPLEMENTATION = "measures this implementation, not the paper"
 
 
+#: The profile of a finding computed from the settings alone: no runs, no seeds.
+ANALYTIC = "analytic"
+
+
 def graded_at(finding: Finding, profile: str, seeds: int) -> Finding:
     """``finding`` marked as graded at ``profile`` with ``seeds`` seeds (a larger profile than its
-    page's, :attr:`Finding.profile`)."""
+    page's, :attr:`Finding.profile`); an analytic finding stays analytic, without seeds."""
+    if finding.profile == ANALYTIC:
+        return finding
     return replace(finding, profile=profile, seeds=seeds)
+
+
+def analytic(finding: Finding) -> Finding:
+    """``finding`` marked as computed from the settings, without runs (:data:`ANALYTIC`)."""
+    return replace(finding, profile=ANALYTIC, seeds=None)
 
 
 def about(finding: Finding, scope: str) -> Finding:
@@ -134,7 +202,7 @@ def paired_ci(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, flo
     return mean_ci(a - b)
 
 
-def _interval(m: float, lo: float, hi: float, unit: str = "") -> str:
+def interval(m: float, lo: float, hi: float, unit: str = "") -> str:
     if not math.isfinite(m):  # no finite estimate (too few rounds or a diverged run): no number
         return "n/a"
     if not math.isfinite(lo):
@@ -160,7 +228,7 @@ def number(
     An absolute number needs the paper's setting: other profiles are inconclusive."""
     m, lo, hi = mean_ci(values)
     ours = (
-        f"{_interval(m, lo, hi, unit)} over {seeds(len(values))}; paper {published:g}{unit} ± {tolerance:g}"
+        f"{interval(m, lo, hi, unit)} over {seeds(len(values))}; paper {published:g}{unit} ± {tolerance:g}"
     )
     if profile == "smoke":
         return not_evaluated(claim, ours)
@@ -214,7 +282,7 @@ def ordering(
     is inconclusive at this profile; without ``cut`` the same margin applies away from the paper
     profile for the generic reason of :func:`margin_reason` (one rule for every study)."""
     m, lo, hi = paired_ci(better, worse)
-    ours = f"{what} {_interval(m, lo, hi, unit)}, {seeds(len(better))}"
+    ours = f"{what} {interval(m, lo, hi, unit)}, {seeds(len(better))}"
     if profile == "smoke":
         return not_evaluated(claim, ours)
     if len(better) < MIN_SEEDS:
@@ -270,7 +338,7 @@ def close(
     to :data:`INERT` points in every seed and ``inert_reason`` says why they must (a term inert at this
     setting), the claim is a sanity check, not a reproduction."""
     m, lo, hi = paired_ci(a, b)
-    ours = f"{what} {_interval(m, lo, hi, ' pts')}, {len(a)} seeds; margin ±{margin:g}"
+    ours = f"{what} {interval(m, lo, hi, ' pts')}, {len(a)} seeds; margin ±{margin:g}"
     if profile == "smoke":
         return not_evaluated(claim, ours)
     # (1e-9: the differences of percentages carry float rounding; 0.05 is one test image in 2,000)
@@ -302,13 +370,14 @@ def gap(
     """A published gap ``a - b`` (paired by seed). At the paper profile: reproduced when the 95 %
     interval lies within ``published +/- tolerance``; not reproduced when the whole interval lies above
     :data:`GAP_FACTOR` times the claim or below the claim divided by that factor (each beyond the
-    tolerance; the latter even when the interval holds 0: the claimed effect is then excluded);
+    tolerance, whichever reaches further: ``max(2 size, size + tol)`` above, ``min(size / 2, size - tol)``
+    below; the latter even when the interval holds 0: the claimed effect is then excluded);
     partly when the direction holds and the interval lies outside the band but within those factors.
     At other profiles only the direction can be tested: partly when it holds (the size needs the
     paper profile). Opposite sign: not reproduced. ``cut`` as in
     :func:`ordering`: away from the paper profile the direction must clear :data:`DECISIVE_MARGIN`."""
     m, lo, hi = paired_ci(a, b)
-    ours = f"gap {_interval(m, lo, hi, ' pts')}, {len(a)} seeds; paper {published:+g} ± {tolerance:g}"
+    ours = f"gap {interval(m, lo, hi, ' pts')}, {len(a)} seeds; paper {published:+g} ± {tolerance:g}"
     if profile == "smoke":
         return not_evaluated(claim, ours)
     if len(a) < MIN_SEEDS:
@@ -321,10 +390,12 @@ def gap(
     if s_hi < 0:
         return Finding(claim, ours, Verdict.NOT_REPRODUCED, "the gap has the opposite sign")
     size = abs(published)
-    if profile == "paper" and s_hi < size / GAP_FACTOR - tolerance:
+    # the factor and the tolerance do not compound: beyond whichever of them reaches further
+    above, below = max(GAP_FACTOR * size, size + tolerance), min(size / GAP_FACTOR, size - tolerance)
+    if profile == "paper" and s_hi < below:
         return Finding(claim, ours, Verdict.NOT_REPRODUCED,
-                       f"the whole 95 % interval lies below {1 / GAP_FACTOR:g} of the claimed {size:g} "
-                       f"(± {tolerance:g}): the claimed effect is excluded")
+                       f"the whole 95 % interval lies below {below:g}, {1 / GAP_FACTOR:g} of the claimed "
+                       f"{size:g} and beyond its tolerance (± {tolerance:g}): the claimed effect is excluded")
     if s_lo <= 0:
         return Finding(claim, ours, Verdict.INCONCLUSIVE, "the gap is inside the noise (interval contains 0)")
     if profile != "paper":
@@ -336,11 +407,11 @@ def gap(
         )
     if published - tolerance <= lo and hi <= published + tolerance:
         return Finding(claim, ours, Verdict.REPRODUCED, f"the 95 % interval lies within ±{tolerance:g}")
-    if s_lo > GAP_FACTOR * size + tolerance:
+    if s_lo > above:
         return Finding(claim, ours, Verdict.NOT_REPRODUCED,
                        f"the direction holds but the size does not: the whole 95 % interval lies above "
-                       f"{GAP_FACTOR:g} times the claimed {size:g} (± {tolerance:g}), a different effect, "
-                       "not the same one measured loosely")
+                       f"{above:g}, {GAP_FACTOR:g} times the claimed {size:g} and beyond its tolerance "
+                       f"(± {tolerance:g}), a different effect, not the same one measured loosely")
     if hi < published - tolerance or lo > published + tolerance:
         return Finding(
             claim, ours, Verdict.PARTLY, f"the direction holds; the size lies outside ±{tolerance:g}"
@@ -360,7 +431,7 @@ def in_range(
     own setting (a share of its model's parameters, say), so, as for :func:`number`, other profiles
     are inconclusive."""
     m, lo, hi = mean_ci(values)
-    ours = f"{_interval(m, lo, hi, unit)} over {len(values)} measurement(s); claim [{low:g}, {high:g}]{unit}"
+    ours = f"{interval(m, lo, hi, unit)} over {len(values)} measurement(s); claim [{low:g}, {high:g}]{unit}"
     if profile == "smoke":
         return not_evaluated(claim, ours)
     if absolute and profile != "paper":
@@ -411,7 +482,7 @@ def reachable(
         raise ValueError(f"the frontier has no epsilon <= {max_epsilon:g}")
     cis = {e: mean_ci(by_epsilon[e]) for e in grid}
     best = max(grid, key=lambda e: cis[e][0])
-    ours = (f"best at epsilon <= {max_epsilon:g}: {_interval(*cis[best], unit)} at epsilon = {best:g} "
+    ours = (f"best at epsilon <= {max_epsilon:g}: {interval(*cis[best], unit)} at epsilon = {best:g} "
             f"({seeds(len(by_epsilon[best]))}); level {target:g}{unit} ± {tolerance:g}")
     if profile == "smoke":
         return not_evaluated(claim, ours)
@@ -438,7 +509,7 @@ def peak(claim: str, at: Hashable, by_seed: Mapping, profile: str, cut: str | No
     :data:`DECISIVE_MARGIN`, as an ordering's (:func:`margin_reason`)."""
     others = [k for k in by_seed if k != at]
     cis = {k: paired_ci(by_seed[at], by_seed[k]) for k in others}
-    ours = "; ".join(f"vs {name_of(k)}: {_interval(*ci, ' pts')}" for k, ci in cis.items())
+    ours = "; ".join(f"vs {name_of(k)}: {interval(*ci, ' pts')}" for k, ci in cis.items())
     if profile == "smoke":
         return not_evaluated(claim, ours)
     n = len(by_seed[at])

@@ -160,6 +160,10 @@ class Needs:
     claim: str
     labels: tuple[Hashable, ...]
     deciding: bool = False
+    #: The runs of some labels can refute the claim on their own ("X is the best of six": one method
+    #: ahead of X decides it): a larger profile's runs grade it once two labels are complete there,
+    #: when they refute it (:func:`studies.settled.settled_beyond`).
+    refutable: bool = False
 
 
 @dataclass

@@ -19,10 +19,11 @@ from pathlib import Path
 import pandas as pd
 
 from fedlib.results import REPO_ROOT, git_commit, results_dir, write_json_unless_stamps_only
-from studies.claims import EVIDENCE, Finding, Verdict
+from studies.claims import EVIDENCE, Finding, Verdict, combine
 from studies.common import into_book, scratch_dir
 
-COLUMNS = ["paper", "page", "claim", "ours", "verdict", "reason", "scope", "profile", "seeds", "commit"]
+COLUMNS = ["paper", "page", "claim", "ours", "verdict", "reason", "scope", "profile", "seeds", "commit",
+           "part_of", "role", "page_profile"]
 
 
 def book_verdicts_dir() -> Path:
@@ -117,21 +118,62 @@ def collect(root: Path | None = None) -> pd.DataFrame:
                     "paper": d["paper"],
                     "page": d["page"],
                     **f,
-                    # a finding graded at a larger profile than its page's says so (Finding.profile)
+                    # a finding graded at a larger profile than its page's says so (Finding.profile);
+                    # an analytic finding has no runs and no seeds
                     "profile": f.get("profile") or d["profile"],
-                    "seeds": f.get("seeds") or d.get("seeds"),
-                    "commit": d["commit"][:7],
+                    "seeds": None if f.get("profile") == "analytic" else (f.get("seeds") or d.get("seeds")),
+                    # the whole commit: a build from a modified tree says so ("-dirty")
+                    "commit": d["commit"],
+                    "page_profile": d["profile"],  # the profile the page itself rendered at
                 }
             )
     df = pd.DataFrame(rows, columns=COLUMNS)
     df["verdict"] = [Verdict(v) for v in df["verdict"]]
-    df["scope"] = df["scope"].fillna("")  # files recorded before rows had a scope: about the paper
-    return df
+    for col in ("scope", "part_of", "role"):  # files recorded before rows had them: about the paper, alone
+        df[col] = df[col].astype(object).fillna("")
+    return with_parent_rows(df)
+
+
+def with_parent_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with one row per paper claim that several sub-rows grade (:func:`studies.claims.part`: a
+    claim graded in several federations, values of r or with controls), placed before its first
+    sub-row: the claim's one verdict (:func:`studies.claims.combine`), at the papers' scale only when
+    every deciding sub-row is, with the fewest seeds among them."""
+    if not (df["part_of"] != "").any():
+        return df
+    out, done = [], set()
+    for _, r in df.iterrows():
+        parent = r["part_of"]
+        if parent and parent not in done:
+            done.add(parent)
+            subs = df[df["part_of"] == parent]
+            found = combine(parent, [Finding(s.claim, s.ours, s.verdict, s.reason, role=s.role)
+                                     for s in subs.itertuples()])
+            deciding = subs[subs["role"] != "context"]
+            # the smallest scale among the deciding rows (analytic rows have none)
+            ranked = [p for p in PROFILE_ORDER if p in set(deciding["profile"])]
+            profile = ranked[-1] if ranked else deciding["profile"].iloc[0]
+            out.append({**r.to_dict(), "claim": parent, "ours": found.ours, "verdict": found.verdict,
+                        "reason": found.reason, "scope": "", "profile": profile,
+                        "seeds": deciding["seeds"].min(), "part_of": "", "role": ""})
+        out.append(r.to_dict())
+    return pd.DataFrame(out, columns=COLUMNS)
+
+
+def is_sub_row(df: pd.DataFrame) -> pd.Series:
+    """Rows that grade part of a paper claim (counted once, through the claim's own row)."""
+    return df["part_of"].fillna("") != "" if "part_of" in df else pd.Series(False, index=df.index)
 
 
 def about_paper(df: pd.DataFrame) -> pd.Series:
-    """Which rows are evidence about the paper (not about this implementation or our reading)."""
-    return df["scope"].fillna("") == ""
+    """Which rows are evidence about the paper, each claim once (not about this implementation or our
+    reading, and not a sub-row of a claim: :func:`with_parent_rows`)."""
+    return (df["scope"].fillna("") == "") & ~is_sub_row(df)
+
+
+def apart(df: pd.DataFrame) -> pd.Series:
+    """Rows about this implementation or our reading (counted apart), each once (not sub-rows)."""
+    return (df["scope"].fillna("") != "") & ~is_sub_row(df)
 
 
 #: Order of the profiles in the ledger: evidence at the papers' scale first.
@@ -194,12 +236,12 @@ def verdict_counts(df: pd.DataFrame, papers: list[str] | None = None) -> pd.Data
     rows = []
     for paper in papers:
         g = df[df["paper"] == paper]
-        apart = g[~about_paper(g)]
+        aside = g[apart(g)]
         g = g[about_paper(g)]
         n = {v: int((g["verdict"] == v).sum()) for v in Verdict}
         rows.append({"paper": paper, **{v.value: n[v] for v in shown},
                      "total": sum(n[v] for v in shown), "sanity checks (apart)": n[Verdict.SANITY],
-                     "about our code or reading (apart)": len(apart)})
+                     "about our code or reading (apart)": len(aside)})
     out = pd.DataFrame(rows)
     total = {"paper": "all three papers", **{c: int(out[c].sum()) for c in out.columns if c != "paper"}}
     return pd.concat([out, pd.DataFrame([total])], ignore_index=True)
@@ -220,7 +262,13 @@ def claims_table(df: pd.DataFrame, titles: dict[str, str]) -> str:
     for r in df.itertuples():
         seeds = "" if pd.isna(r.seeds) else f", {int(r.seeds)} seed{'s' if int(r.seeds) != 1 else ''}"
         scope = getattr(r, "scope", "") or ""
-        lines += [f"* - {badge(r.verdict)} {_one_line(r.claim)}", ""]
+        part_of = getattr(r, "part_of", "") or ""
+        lead = "↳ " if part_of else ""
+        lines += [f"* - {lead}{badge(r.verdict)} {_one_line(r.claim)}", ""]
+        if part_of:
+            role = {"context": "shown beside the claim, not deciding it"}.get(getattr(r, "role", ""),
+                                                                              "one of its settings")
+            lines += [f"    <small>**part of the claim above** ({role}): counted once, there</small>", ""]
         if scope:
             lines += [f"    <small>**not counted as evidence about the paper**: {_one_line(scope)}</small>",
                       ""]
@@ -287,7 +335,7 @@ def bottom_line(df: pd.DataFrame, paper: str) -> str:
     """Three short lines on one paper, from its findings: what could be judged and how, which claims
     did not hold, and what is still open (and at which profile)."""
     rows = df[df["paper"] == paper]
-    apart = int((~about_paper(rows)).sum())
+    aside = int(apart(rows).sum())
     rows = rows[about_paper(rows)]
     n = {v: int((rows["verdict"] == v).sum()) for v in Verdict}
     counted = len(rows) - n[Verdict.SANITY]
@@ -296,7 +344,7 @@ def bottom_line(df: pd.DataFrame, paper: str) -> str:
     judged = (f"**Judged** {evidence} of {counted} claims: {n[Verdict.REPRODUCED]} reproduced, "
               f"{n[Verdict.PARTLY]} partly, {n[Verdict.NOT_REPRODUCED]} not reproduced"
               + (f"; {untestable} not testable as the paper states them" if untestable else "")
-              + (f"; {apart} more about our code or reading, counted apart" if apart else "") + ".")
+              + (f"; {aside} more about our code or reading, counted apart" if aside else "") + ".")
     failed = rows[rows["verdict"] == Verdict.NOT_REPRODUCED]
     contradicted = ("**Not reproduced**: " + "; ".join(_one_line(c) for c in failed["claim"]) + "."
                     if len(failed) else "**Not reproduced**: none of its claims.")

@@ -17,17 +17,24 @@ from studies.numbers import number
 def settled_beyond(page: str, profile: str, larger: str = "paper", **params) -> tuple[Runs, list[str]]:
     """While ``page`` renders at ``profile``: the claims of the page whose runs are all committed at
     the ``larger`` profile (its default seeds; nothing is trained), and their runs at that profile
-    (only the labels those claims need). A page already at ``larger`` gets nothing: its own findings
-    stand there. The campaign trains claims first, so a claim can be settled at the papers' scale
-    long before its page is. ``params``: the page's own parameters (its configs depend on them)."""
+    (only the labels those claims need); a claim some of whose runs can refute it (``Needs.refutable``)
+    comes with the runs complete there once two of its labels are, for the page to grade on them. A
+    page already at ``larger`` gets nothing: its own findings stand there. The campaign trains claims
+    first, so a claim can be settled at the papers' scale long before its page is. ``params``: the
+    page's own parameters (its configs depend on them)."""
     if PROFILES.index(profile) >= PROFILES.index(larger) or page not in claim_needs():
         return Runs({}), []
     configs = pages()[page](larger, None, **params)
     roots = [*read_roots(), write_root()]
     found = {label: [load_cached(c, roots) for c in cs] for label, cs in configs.items()}
-    settled = [n for n in claim_needs()[page](configs)
-               if all(r is not None for label in n.labels for r in found[label])]
-    labels = dict.fromkeys(label for n in settled for label in n.labels)
+    complete = {label for label, rs in found.items() if all(r is not None for r in rs)}
+    needs = claim_needs()[page](configs)
+    settled = [n for n in needs if set(n.labels) <= complete]
+    # a claim that some of its runs can refute: graded on what is complete when two labels are
+    # (the page's rule keeps it only when those runs refute it)
+    settled += [n for n in needs if n.refutable and n not in settled
+                and len(complete & set(n.labels)) >= 2 and n.labels[0] in complete]
+    labels = dict.fromkeys(label for n in settled for label in n.labels if label in complete)
     return Runs({label: found[label] for label in labels}), [n.claim for n in settled]
 
 

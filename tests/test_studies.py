@@ -130,7 +130,8 @@ def test_paper_profile_has_three_seeds_for_the_gpu_studies_and_keeps_dp_fl_s():
     assert seeds_for(fdl.SCALES, "paper") == [0, 1, 2] and "10 runs" in fdl.SCALES["paper"].description
     assert seeds_for(moon_dpap.SCALES, "paper") == [0, 1, 2] and len(seeds_for(dpfl.SCALES, "paper")) == 5
     per_page = studies.configs("paper", n_seeds=4)  # --seeds N
-    assert {c.seed for cs in per_page.values() for c in cs} == {0, 1, 2, 3}
+    # (the paper grid tunes on one chosen partition: a validation hold-out, not a seed of the study)
+    assert {c.seed for cs in per_page.values() for c in cs if not c.validation_samples} == {0, 1, 2, 3}
 
 
 def test_pages_use_every_further_seed_present_for_all_labels(tmp_path):
@@ -382,7 +383,8 @@ def test_a_claim_complete_at_paper_is_graded_there_while_its_page_renders_smalle
     for c in fdl_pages.table1("paper")[0.010]:  # the three paper seeds of r = 0.010, as if trained
         history = [{"round": t + 1, "test_acc": 0.93 + 0.001 * c.seed, "test_loss": 0.2, "kept_frac": 0.3,
                     "sent_frac": 0.24, "bytes_up": 1000} for t in range(c.rounds)]
-        result = Result(c, history, meta={"device": "cpu", "config_key": c.key()})
+        result = Result(c, history, meta={"device": "cpu", "config_key": c.key(), "git_commit": "x",
+                                          "torch": "x", "seed": c.seed, "duration_s": 1.0})
         result.save(result_path(c, tmp_path / "results"))
     runs, settled = settled_beyond("fdl_table1", "quick")
     assert list(runs.results) == [0.010] and settled == [fdl_claims.ACCURACY, fdl_pages.kept_claim(0.010),
@@ -443,6 +445,34 @@ def test_the_record_level_tuning_grid_never_reads_the_test_set(monkeypatch, tmp_
     assert 0.0 <= result.final["test_acc"] <= 1.0
     with pytest.raises(AssertionError, match="read the test set"):
         data_mod.load(cfg.dataset, train_samples=cfg.train_samples, seed=0)  # a plain run would
+
+
+def test_the_paper_grid_runs_the_paper_horizon_on_a_validation_split_and_its_partition_is_the_noisiest():
+    """Issue 74: the paper grid runs the paper profile's own 200-round schedule (its first rounds), never
+    reads the test set (a hold-out of the training images instead), and trains on the first partition
+    whose sigma is at least any paper seed's (sigma from the partition's smallest client)."""
+    import torch
+
+    from fedlib.algorithms.moon_dpap import record_noise_multiplier
+    from fedlib.experiment import Experiment
+    from studies.moon_dpap import pages as mp
+
+    grid = mp.paper_grid("paper")
+    assert len(grid) == len(moon_dpap.PAPER_GRID["lr"]) * len(moon_dpap.PAPER_GRID["dp_clip"])
+    for label, (cfg,) in grid.items():
+        assert label[0] == "paper grid" and cfg.profile == "paper" and cfg.rounds == 200
+        assert cfg.train_rounds == moon_dpap.PAPER_GRID_ROUNDS and cfg.test_samples == 0
+        assert cfg.validation_samples == moon_dpap.PAPER_VALIDATION and cfg.n_test == cfg.validation_samples
+        assert cfg.noise_key() == cfg.replace(train_rounds=0).noise_key()  # the whole run's draws
+
+    def sigma(cfg):
+        exp = Experiment(cfg, torch.device("cpu"))
+        return record_noise_multiplier(cfg, [len(p) for p in exp.parts])[0]
+
+    cfg = next(iter(grid.values()))[0]
+    paper_largest = max(sigma(mp.record_tuned("paper", s)) for s in range(3))
+    seeds = [s for s in range(moon_dpap.PAPER_GRID_SEED + 1) if sigma(cfg.replace(seed=s)) >= paper_largest]
+    assert seeds and seeds[0] == moon_dpap.PAPER_GRID_SEED
 
 
 def test_the_stated_record_level_choice_is_the_committed_grids_best():

@@ -46,6 +46,7 @@ RELEASED_METRICS = frozenset(
         "test_loss",
         "weight_norm",
         "dead_units",
+        "predicted_classes",
         "epsilon_spent",
         "epsilon_round",
         "noise_multiplier",
@@ -73,7 +74,7 @@ PUBLIC_META = frozenset({
     "config_key", "resumed_from_round", "resumed_from_commit", "resumed_from_engine", "duration_s",
     "train_samples", "test_samples", "data_sha256",
     "reproducible", "privacy", "run_batch", "content_sha256", "migrated_from", "flower",
-    "kernels",
+    "kernels", "collapse",
 })
 #: Result metadata computed from the clients' data outside any mechanism: diagnostics the guarantee
 #: does not cover (a deployment would not publish them). ``client_sizes``: how many samples each client

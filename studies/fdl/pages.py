@@ -92,9 +92,18 @@ SENSITIVITY_CLAIM = (r"accuracy falls by {:.1f} points from $r$ = 0.010 to $r$ =
                      .format(PAPER["table1"][0.010][2] - PAPER["table1"][0.015][2]))
 
 
+#: The communication claim: one claim of the paper, graded at every r of Table 1 (each a sub-row, issue 74).
+SAVING = "FDL saves at least 60 % of the communication cost"
+
+
 def saving_claim(r: float) -> str:
-    """The communication claim at one value of r (Table 1 states it for every r)."""
-    return f"FDL saves at least 60 % of the communication cost ($r$ = {r:.3f})"
+    """The communication claim at one value of r (a sub-row of :data:`SAVING`)."""
+    return f"{SAVING} ($r$ = {r:.3f})"
+
+
+def paper_saving(r: float) -> float:
+    """The share (%) of parameters the paper's own Table 1 leaves unsent at ``r``: ``1 - C_s / C``."""
+    return 100 * (1 - PAPER["table1"][r][1])
 
 
 def _fig3_needs(cs: ConfigSet) -> list[Needs]:
