@@ -521,7 +521,8 @@ def test_the_ledger_keeps_a_dirty_commit(tmp_path):
 
     from studies import ledger
 
-    with mock.patch.object(ledger, "git_commit", return_value="cc8f0db08f2b25586c4fdcafef3ccdc0460b8fb4-dirty"):
+    dirty = "cc8f0db08f2b25586c4fdcafef3ccdc0460b8fb4-dirty"
+    with mock.patch.object(ledger, "git_commit", return_value=dirty):
         ledger.record("fdl_table1", [c.Finding("x", "y", V.REPRODUCED)], "paper", "FDL", root=tmp_path)
     assert ledger.collect(tmp_path)["commit"].iloc[0].endswith("-dirty")
 
@@ -585,14 +586,16 @@ def test_fdl_repair_row_says_whether_the_design_or_the_privacy_fails():
     assert design.verdict is V.NOT_REPRODUCED and "its design fails" in design.reason
     assert "does not learn (10.0 %)" in design.reason
     # the case at paper: both fail (no noise, not rescaled: chance; rescaled with noise: chance); only
-    # without noise and rescaled does it learn: the reason names both failures, not "the noise, not the design"
+    # without noise and rescaled does it learn: the reason names both failures
     both = fdl_claims.repair(_runs({**base, free: [85.0, 86.0, 84.0]}), "paper", 9.5, 1e-3, 1.0)
     assert "its design fails" in both.reason and "its noise fails it too" in both.reason
     assert "only without noise and rescaled by d/k does it learn (85.0 %)" in both.reason
     assert "not the design" not in both.reason and "no LDP 98.1 %" in both.ours
-    learns = {**base, labels["fdl_corrected_noise_free"]: [60.0, 61.0, 59.0], free: [85.0, 86.0, 84.0]}
+    learns = {**base, labels["fdl_corrected_noise_free"]: [60.0, 61.0, 59.0],
+              free: [85.0, 86.0, 84.0]}
     noise = fdl_claims.repair(_runs(learns), "paper", 9.5, 1e-3, 1.0)
-    assert "its design learns without noise (60.0 %)" in noise.reason and "its design fails" not in noise.reason
+    assert "its design learns without noise (60.0 %)" in noise.reason
+    assert "its design fails" not in noise.reason
 
 
 def test_fdl_table1_grades_all_four_accuracies_the_shares_and_the_sensitivity_to_r():
@@ -691,7 +694,8 @@ def test_seeds_that_split_between_chance_and_learning_are_named():
     assert row.verdict is c.Verdict.INCONCLUSIVE and (
         "so their interval decides nothing; no seed reaches 77 % ± 2 (best 57.2 %)" in row.reason)
     # issue 74: the seeds at chance collapsed; the reason says what the runs measure
-    assert row.reason.endswith("these runs measure an optimisation failure at this setting, not what DP costs")
+    assert row.reason.endswith(
+        "these runs measure an optimisation failure at this setting, not what DP costs")
     assert c.split_seeds_reason([10.0, 76.0, 78.5], 10.0, 77.0, 2.0).endswith("2 of 3 seeds within 77 % ± 2")
     cost = rules[mc.DP_COST]()  # the record-level part of the cost: per seed, no interval (issue 74)
     assert cost.ours.endswith("record-level DP-SGD: gap per seed 77.0, 29.3, 77.1 pts; "
