@@ -388,3 +388,58 @@ def test_a_results_arithmetic_comes_from_its_recorded_kernel_settings():
     assert arithmetic({"device": gpu, "kernels": {"cudnn_tf32": False, "matmul_tf32": True}}) == "TF32"
     assert arithmetic({"device": gpu, "kernels": {"cudnn_tf32": False, "matmul_tf32": False}}) == "float32"
     assert arithmetic({"device": "cpu"}, precision="float64") == "float64"
+
+
+def test_a_grouped_convolutions_backward_is_counted_once_per_group():
+    """Issue 75: PyTorch's counter counts a grouped convolution's weight gradient as if each group saw
+    every channel; fedlib's formula divides it by the groups. The per-sample weight gradients of ghost
+    clipping (one grouped convolution, the samples as groups) are counted exactly as the same gradients
+    computed sample by sample with ungrouped convolutions under PyTorch's own counter."""
+    from torch import nn
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fedlib.flops import flop_counter_mode
+    from fedlib.privacy.ghost import _per_sample_conv
+
+    torch.manual_seed(0)
+    layer = nn.Conv2d(16, 32, 5)
+    a, g = torch.randn(8, 16, 12, 12), torch.randn(8, 32, 8, 8)
+    with flop_counter_mode() as grouped:
+        together = _per_sample_conv(layer, a, g)
+    with FlopCounterMode(display=False) as stock:  # groups = 1: PyTorch's formula holds
+        alone = torch.stack([_per_sample_conv(layer, a[b:b + 1], g[b:b + 1])[0] for b in range(8)])
+    assert grouped.get_total_flops() == stock.get_total_flops() > 0
+    torch.testing.assert_close(together, alone, rtol=1e-4, atol=1e-4)
+
+
+def test_record_level_flop_counts_what_the_ghost_path_computes():
+    """Issue 75: the campaign's FLOP of a record-level run (``training_flops``) is the ghost path's own
+    count: one step counted with the per-sample convolutions computed sample by sample (ungrouped, under
+    PyTorch's own counter) agrees with it, and a ghost step costs 1.2-1.5 plain steps, not the ~7 the
+    uncorrected counter gave."""
+    from unittest import mock
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fedlib.flops import _counted, per_sample_flops, probe_config
+    from fedlib.privacy import ghost
+    from studies.moon_dpap.pages import record_tuned
+    from studies.moon_dpap.settings import config_for
+
+    record = record_tuned("paper", 0)
+    counted, _ = per_sample_flops(record)
+    plain, _ = per_sample_flops(config_for("moon_dpap", "paper", 0))
+    assert 1.0 < counted / plain < 1.5
+
+    real = ghost._per_sample_conv
+
+    def one_by_one(layer, a, g):  # the same gradients, each sample its own ungrouped convolution
+        return torch.stack([real(layer, a[b:b + 1], g[b:b + 1])[0] for b in range(a.shape[0])])
+
+    stock = lambda: FlopCounterMode(display=False)  # noqa: E731 - PyTorch's counter, uncorrected
+    with mock.patch.object(ghost, "_per_sample_conv", one_by_one), \
+            mock.patch("fedlib.flops.flop_counter_mode", stock):
+        _counted.cache_clear()
+        independent, _ = _counted(probe_config(record).validate())
+    _counted.cache_clear()
+    assert independent == pytest.approx(counted, rel=1e-9)
