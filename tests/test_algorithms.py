@@ -151,3 +151,53 @@ def test_all_algorithms_registered():
     for name, cls in ALGORITHMS.items():
         doc = sys.modules[cls.__module__].__doc__ or ""
         assert cls.name == name and ("(" in doc and "20" in doc), f"{name}: cite the paper"
+
+
+@pytest.mark.parametrize("momentum,weight_decay", [(0.0, 0.0), (0.9, 0.0), (0.9, 0.01), (0.0, 0.01)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_in_place_sgd_update_is_the_pure_one_bit_for_bit(momentum, weight_decay, dtype):
+    """Issue 75: the CPU paths update a client's model in place (no allocation per step); the same
+    operations in the same order, so the same bits as the pure update the vectorized path uses."""
+    from fedlib.algorithms.base import sgd_update
+
+    g = torch.Generator().manual_seed(0)
+    shapes = {"w": (128, 3200), "b": (128,), "c": (16, 1, 3, 3)}
+
+    def fresh():
+        return {k: torch.randn(s, generator=g, dtype=dtype) for k, s in shapes.items()}
+
+    params, mom, grads = fresh(), fresh(), fresh()
+    pure_p, pure_m = sgd_update(params, mom, grads, 0.005, momentum, weight_decay)
+    copies = [{k: v.clone() for k, v in t.items()} for t in (params, mom, grads)]
+    in_p, in_m = sgd_update(*copies, 0.005, momentum, weight_decay, in_place=True)
+    for k in shapes:
+        assert torch.equal(in_p[k], pure_p[k]) and torch.equal(in_m[k], pure_m[k]), k
+        assert in_p[k] is copies[0][k]  # written where it was
+
+
+def test_a_smoke_batch_trains_the_same_model_files_with_the_in_place_update(tmp_path, monkeypatch):
+    """Issue 75: the in-place update changes no result: a smoke batch (momentum and weight decay,
+    SCAFFOLD's correction, MOON-DPAP with record-level DP-SGD) gives byte-identical model files on the
+    sequential and parallel paths with it and with the pure update."""
+    from fedlib import Config, run
+    from fedlib.algorithms import base
+    from fedlib.results import model_path
+    from studies.moon_dpap.pages import tuned_dp
+    from studies.moon_dpap.settings import config_for
+
+    configs = [Config(clients=4, train_samples=400, test_samples=100, rounds=2, profile="smoke",
+                      weight_decay=0.01),
+               Config(clients=4, train_samples=400, test_samples=100, rounds=2, profile="smoke",
+                      algorithm="scaffold"),
+               config_for("moon_dpap", "smoke", 0, **tuned_dp(0.05, 1.0)).replace(rounds=1)]
+    pure = base.sgd_update
+    for engine in ("sequential", "parallel"):
+        for c in configs:
+            run(c, root=tmp_path / "in_place" / engine, engine=engine, progress=False)
+        with monkeypatch.context() as m:
+            m.setattr(base, "sgd_update", lambda *a, in_place=False, **k: pure(*a, **k))
+            for c in configs:
+                run(c, root=tmp_path / "pure" / engine, engine=engine, progress=False)
+        for c in configs:
+            a = model_path(c, tmp_path / "in_place" / engine).read_bytes()
+            assert a == model_path(c, tmp_path / "pure" / engine).read_bytes(), (engine, c.algorithm)
