@@ -317,17 +317,23 @@ HEADERS = {
 }
 
 
+def unnamed_index(df: pd.DataFrame) -> bool:
+    """Whether ``df``'s index is only row numbers (no level has a name)."""
+    return all(n is None for n in df.index.names)
+
+
 def readable(df: pd.DataFrame, sig: int = 3, headers: Mapping[str, str] | None = None,
              missing: str = "n/a") -> pd.DataFrame:
     """``df`` for a reader: readable headers (:data:`HEADERS`, then ``headers``) and every column
     written by :func:`studies.numbers.column` (``sig`` significant figures, shared decimals, powers
     of ten, thousands separators); an infinite loss or accuracy shown as "diverged", an infinite
-    privacy budget (a column about epsilon) as no guarantee, and missing values as ``missing``; a
-    fresh 0-based index dropped."""
+    privacy budget (a column about epsilon) as no guarantee, and missing values as ``missing``; an
+    unnamed index dropped (row numbers, also after a concatenation or a filter: issue 79), a named
+    one kept as the first column."""
     from studies import numbers
 
     names = {**HEADERS, **(headers or {})}
-    out = df.reset_index(drop=isinstance(df.index, pd.RangeIndex) and df.index.name is None)
+    out = df.reset_index(drop=unnamed_index(df))
 
     def is_inf(v) -> bool:
         return isinstance(v, float | np.floating) and math.isinf(v)
@@ -359,7 +365,7 @@ def table_for_reader(df: pd.DataFrame, sig: int = 3, headers: Mapping[str, str] 
         return f"<code>{escape(v)}</code>" if IDENTIFIER.match(v) else code_names(v)
 
     shown = readable(df, sig, headers)
-    raw = df.reset_index(drop=isinstance(df.index, pd.RangeIndex) and df.index.name is None)
+    raw = df.reset_index(drop=unnamed_index(df))
     for column in code:
         shown[shown.columns[list(raw.columns).index(column)]] = [f"<code>{escape(str(v))}</code>"
                                                                    for v in raw[column]]

@@ -38,23 +38,60 @@ def settled_beyond(page: str, profile: str, larger: str = "paper", **params) -> 
     return Runs({label: found[label] for label in labels}), [n.claim for n in settled]
 
 
+def reader_label(label) -> str:
+    """A run label as a reader reads it: a method's name (``moon_dpap`` -> MOON-DPAP), a method in a
+    federation (``moon_dpap|0.1`` -> "MOON-DPAP, Dirichlet alpha = 0.1"), a tuple's parts each as
+    :func:`studies.numbers.number` writes it (an infinite budget as ∞)."""
+    from studies.claims import METHOD_NAMES
+
+    if isinstance(label, tuple):
+        return ", ".join(METHOD_NAMES.get(p, number(p)) if isinstance(p, str) else number(p) for p in label)
+    if isinstance(label, str) and "|" in label:
+        method, value = label.split("|", 1)
+        return f"{METHOD_NAMES.get(method, method)}, Dirichlet alpha = {value}"
+    return METHOD_NAMES.get(label, number(label)) if isinstance(label, str) else number(label)
+
+
 def larger_profile_rows(runs: Runs, label_name: str = "runs") -> pd.DataFrame:
     """One row per label of runs graded at a larger profile than their page's: what ran (model,
-    rounds, seeds, device) and the final test accuracy (mean and standard deviation over the seeds),
-    each row labelled with its profile, for a page to show beside its own figure."""
+    rounds, seeds, device) and the final test accuracy (mean and standard deviation over the seeds, and
+    the 95 % t-interval of the mean), each row labelled with its profile, for a page to show."""
+    from studies.claims import mean_ci
+
     rows = []
     for label, rs in runs.results.items():
         c = rs[0].config
         acc = np.array([100 * r.final["test_acc"] for r in rs])
         devices = sorted({str(r.meta.get("device", "?")).split(" ")[0] for r in rs})
-        # each part as a reader reads it (studies.numbers): an infinite budget (no noise) as ∞
-        name = ", ".join(map(number, label)) if isinstance(label, tuple) else number(label)
-        rows.append({label_name: name, "profile": c.profile,
+        _, lo, hi = mean_ci(acc)
+        rows.append({label_name: reader_label(label), "profile": c.profile,
                      "model": c.model, "rounds": c.rounds, "seeds": len(rs),
                      "final accuracy (%)": float(acc.mean()),
                      "std": float(acc.std(ddof=1)) if len(acc) > 1 else float("nan"),
+                     "95 % interval": f"[{lo:.2f}, {hi:.2f}]" if np.isfinite(lo) else "one seed",
                      "device": ", ".join(devices)})
     return pd.DataFrame(rows)
+
+
+def show_paper_first(page: str, profile: str, label_name: str = "runs", **params) -> tuple[Runs, list[str]]:
+    """The top of a page rendered below the papers' scale (issue 79): the runs complete at ``paper``
+    that already decide some of its claims (:func:`settled_beyond`), as a table with their intervals,
+    labelled with their profile, and which claims they decide; what follows on the page is the
+    ``profile`` preview. Nothing when no claim of the page is settled at ``paper`` (or the page renders
+    there). Returns the runs and the claims, for the page's verdicts."""
+    from IPython.display import Markdown, display
+
+    from studies.numbers import code_names
+
+    runs, settled = settled_beyond(page, profile, **params)
+    if settled:
+        claims = "; ".join(code_names(c, markdown=True) for c in settled)
+        display(Markdown(f"**At the papers' scale.** These runs are complete at the `paper` profile (the "
+                         f"papers' data, rounds and seeds) and decide this page's verdicts on: {claims}. "
+                         f"Everything below them is the `{profile}` profile's preview (reduced data and "
+                         "rounds), which decides only what the `paper` runs do not yet."))
+        display(table_for_reader(larger_profile_rows(runs, label_name)))
+    return runs, settled
 
 
 def show_settled_beyond(page: str, profile: str, label_name: str = "runs",

@@ -395,7 +395,7 @@ def test_a_claim_complete_at_paper_is_graded_there_while_its_page_renders_smalle
     assert abs(rows.iloc[0]["final accuracy (%)"] - 93.1) < 1e-9
     # a run without noise (epsilon infinity) is labelled as a reader reads it, not as Python prints it
     no_noise = Runs({("noldp", "iid", float("inf")): runs.results[0.010]})
-    assert larger_profile_rows(no_noise, "runs").iloc[0]["runs"] == "noldp, iid, ∞"
+    assert larger_profile_rows(no_noise, "runs").iloc[0]["runs"] == "FedAvg without LDP, iid, ∞"
     graded = fdl_claims.table1_settled(runs, settled)
     assert [f.profile for f in graded] == ["paper"] * 3 and graded[0].seeds == 3
     quick = [Finding(fdl_claims.ACCURACY, "60 %", Verdict.INCONCLUSIVE),

@@ -272,10 +272,12 @@ RECORD_DP = dict(dp="record", dp_delta=1e-5, dp_schedule="constant", dp_clip=1.0
 
 
 def record_dp(profile: str) -> dict:
-    """:data:`RECORD_DP` at ``profile``: at ``paper`` the clipped sums come from ghost clipping
-    (:mod:`fedlib.privacy.ghost`: the same sum as the per-sample path, about a sixth of its cost);
-    ``smoke`` and ``quick`` keep the per-sample path their committed results were trained with."""
-    return {**RECORD_DP, "dp_grad": "ghost"} if profile == "paper" else dict(RECORD_DP)
+    """Record-level DP-SGD of the frontiers at ``profile`` (issue 79): the tuned learning rate and clip
+    (:data:`~studies.moon_dpap.settings.RECORD_TUNED`, :func:`tuned_dp`; at the paper's lr 0.005 with
+    C = 1 the record-level runs barely train, so a frontier of them measures the learning rate, not the
+    noise), ghost clipping, each point's total epsilon set by the frontier."""
+    dp = tuned_dp(RECORD_TUNED["lr"], RECORD_TUNED["dp_clip"])
+    return {k: v for k, v in dp.items() if k != "dp_epsilon_total"}
 
 
 READINGS = {
@@ -287,7 +289,8 @@ READINGS = {
 def readings(profile: str, n_seeds: int | None = None, epsilons=FRONTIER_EPSILONS,
              record_epsilons=RECORD_EPSILONS) -> ConfigSet:
     """The accuracy-epsilon frontier of each reading: constant noise calibrated to each total
-    epsilon. Labels: ``"no DP"``, ``("client", eps)``, ``("record", eps)``."""
+    epsilon (record-level at its tuned learning rate and clip, :func:`record_dp`). Labels: ``"no DP"``,
+    ``("client", eps)``, ``("record", eps)``."""
     seeds = _seeds(profile, n_seeds)
     out: ConfigSet = {"no DP": [config_for("moon_dpap", profile, s) for s in seeds]}
     for reading, dp, grid in (("client", CLIENT_DP, epsilons),
@@ -365,6 +368,17 @@ def epsilon_at(table: pd.DataFrame, reading: str, accuracy_pct: float) -> float 
 
 
 ALPHAS = (0.1, 0.5, 5.0)
+
+
+def alpha_paper_runs(alphas=ALPHAS) -> Runs:
+    """The alpha page's runs committed at ``paper`` (every seed of a label, or the label is left out),
+    loaded, never trained: the page's answer at the papers' scale (alpha = 0.5 is Fig. 1's pair)."""
+    from fedlib.results import load_cached
+    from studies.common import read_roots, write_root
+
+    roots = [*read_roots(), write_root()]
+    found = {label: [load_cached(c, roots) for c in cs] for label, cs in alpha("paper", None, alphas).items()}
+    return Runs({label: rs for label, rs in found.items() if all(r is not None for r in rs)})
 
 
 def alpha(profile: str, n_seeds: int | None = None, alphas=ALPHAS) -> ConfigSet:
@@ -608,18 +622,64 @@ def readings_of_fig2(runs: Runs, cfg: Config, chance_pct: float = 10.0) -> pd.Da
     return pd.DataFrame(rows)
 
 
-def readings_figure_markdown(table: pd.DataFrame, no_dp_pct: float, level_pct: float, glued: str) -> str:
-    """The MyST of Fig. 2's frontier figure with its alt text and caption written from ``table``
-    (:func:`frontier_table`): what each reading's curve does is read off the data, not asserted."""
+def learning_rates_note(runs: Runs, names: dict) -> str:
+    """Which of Fig. 2's curves (``names``: label -> name) train at which learning rate, when they
+    differ, and what that means for a DP curve that ends above the curve without DP (issue 79: a tuned
+    record-level run at lr 0.2 beside no DP at 0.005 is not DP helping); empty when all share one."""
+    lrs = {label: runs.results[label][0].config.lr for label in names if label in runs.results}
+    if len(set(lrs.values())) < 2:
+        return ""
+    groups: dict[float, list[str]] = {}
+    for label, lr in lrs.items():
+        groups.setdefault(lr, []).append(names[label])
+    said = "; ".join(f"{', '.join(ns)} at {lr:g}" for lr, ns in sorted(groups.items()))
+    no_dp = runs.summary().loc["moon_dpap", "acc_mean"] if "moon_dpap" in runs.results else None
+    ahead = [k for k in lrs if k != "moon_dpap" and no_dp is not None
+             and lrs[k] != lrs.get("moon_dpap") and runs.summary().loc[k, "acc_mean"] > no_dp]
+    rounds = runs.results[next(iter(lrs))][0].config.rounds
+    why = "".join(f" The {names[k]} run ends above the run without DP: it trains with a "
+                  f"{lrs[k] / lrs['moon_dpap']:g} times larger learning rate over these {rounds} rounds, so "
+                  "the two do not compare at one learning rate (DP does not help)." for k in ahead)
+    return f"**Learning rates.** The curves train at different learning rates: {said}.{why}"
+
+
+def curve_words(table: pd.DataFrame, no_dp_pct: float) -> list[str]:
+    """What each reading's frontier does, in words read off ``table`` (:func:`frontier_table`): its
+    range over its budgets, where it is highest, and its distance to no DP there."""
     parts = []
     for reading, name in (("record", "record-level"), ("client", "client-level")):
         t = table[table["reading"] == reading].sort_values("epsilon")
         if len(t):
             lo, hi = t["acc_mean"].min(), t["acc_mean"].max()
-            gap = no_dp_pct - hi
-            parts.append(f"the {name} curve stays between {lo:.0f} and {hi:.0f} % from epsilon "
-                         f"{t['epsilon'].min():g} to {t['epsilon'].max():g}, {gap:.0f} points below no DP at "
-                         "its best")
+            at = t.loc[t["acc_mean"].idxmax(), "epsilon"]
+            first, last = t["acc_mean"].iloc[0], t["acc_mean"].iloc[-1]
+            parts.append(f"the {name} curve runs from {first:.0f} % at epsilon {t['epsilon'].min():g} "
+                         f"to {last:.0f} % at {t['epsilon'].max():g} (between {lo:.0f} and {hi:.0f} %, "
+                         f"highest at epsilon {at:g}, {no_dp_pct - hi:.0f} points below no DP there)")
+    return parts
+
+
+def frontier_figure_markdown(table: pd.DataFrame, no_dp_pct: float, clip_acc: dict, clip_epsilon: float,
+                             glued: str) -> str:
+    """The MyST of the frontier page's figure, its alt text and caption written from the data
+    (:func:`curve_words`; ``clip_acc``: clip norm -> mean accuracy at ``clip_epsilon``), issue 79."""
+    words = "; ".join(curve_words(table, no_dp_pct))
+    clips = ", ".join(f"{a:.0f} % at C = {c:g}" for c, a in clip_acc.items())
+    tuned = f"learning rate {RECORD_TUNED['lr']:g} and clip $C$ = {RECORD_TUNED['dp_clip']:g}"
+    alt = (f"Left: final accuracy against the total epsilon on a log axis for client-level and record-level "
+           f"DP: {words}; horizontal lines mark no DP, the paper's 77 % and chance. Right: client-level "
+           f"accuracy against the clip norm at epsilon {clip_epsilon:g}: {clips}.")
+    caption = (f"The frontiers (left): final accuracy of MOON-DPAP against the run's total $\\epsilon$, "
+               f"mean ± one standard deviation over seeds, for each reading of the paper's DP ({words}; "
+               f"record-level DP-SGD at its tuned {tuned}). Right: the client-level clip norm at one "
+               f"$\\epsilon$ ({clips}).")
+    return f"```{{glue:figure}} {glued}\n:name: fig-moon-dpap-frontier-fig\n:alt: {alt}\n\n{caption}\n```"
+
+
+def readings_figure_markdown(table: pd.DataFrame, no_dp_pct: float, level_pct: float, glued: str) -> str:
+    """The MyST of Fig. 2's frontier figure with its alt text and caption written from ``table``
+    (:func:`frontier_table`): what each reading's curve does is read off the data, not asserted."""
+    parts = curve_words(table, no_dp_pct)
     alt = ("Final accuracy against total epsilon on a log axis for the two readings: " + "; ".join(parts) +
            f"; dashed lines mark no DP ({no_dp_pct:.0f} %) and the paper's {level_pct:g} %, a dotted line "
            "chance.")
