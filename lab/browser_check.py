@@ -12,7 +12,10 @@
 * content wider than the page: after layout, the document scrolls sideways, an element of the
   article reaches past the right edge of the window (long commands must wrap), or a table is
   wider than the article's column, so that some of its columns scroll out of view;
-* a table that shows pandas' row numbers as its first column;
+* a table that shows pandas' row numbers (or any unnamed integer index) as its first column, or a
+  table cell narrower than one of its words, which then breaks inside the word ("meth od");
+* on the summary page: a count of pages per profile that disagrees with the pages' own headers
+  (:func:`profile_counts_problem`);
 * raw program output in the prose or tables (``inf``, ``NaN``, internal column names such as
   ``acc_mean``, a ``Config(...)`` repr, a Python dict or tuple, an ``<... object>`` repr);
 * a figure shown so much smaller than its pixel width that its smallest text falls below 9 px
@@ -90,11 +93,32 @@ window.addEventListener("load", function () { setTimeout(function () {
                " px column: some of it scrolls out of view");
     }
     var rows = Array.prototype.slice.call(t.rows);
-    if (rows.length > 2 && rows[0].cells.length > 1 && rows[0].cells[0].textContent.trim() === "") {
+    var head = rows.length ? rows[0].cells[0].textContent.trim() : "";
+    if (rows.length > 2 && rows[0].cells.length > 1 && (head === "" || head === "index")) {
       var body = rows.slice(1), numbered = body.every(function (r, k) {
-        return r.cells.length && r.cells[0].textContent.trim() === String(k); });
+        return r.cells.length && /^\\d+$/.test(r.cells[0].textContent.trim()); });
       if (numbered) bad.push("table " + (i + 1) + " shows pandas' row numbers as its first column");
     }
+    // a word wider than its cell breaks inside (a column squeezed below its words: "meth od")
+    var ctx = document.createElement("canvas").getContext("2d");
+    Array.prototype.forEach.call(t.querySelectorAll("td, th"), function (cell) {
+      var cs = getComputedStyle(cell);
+      var room = cell.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+      var walk = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT), node;
+      while ((node = walk.nextNode())) {
+        var es = getComputedStyle(node.parentElement);
+        if (es.whiteSpace === "nowrap" || node.parentElement.closest("code, pre, mjx-container")) continue;
+        ctx.font = es.fontStyle + " " + es.fontWeight + " " + es.fontSize + " " + es.fontFamily;
+        node.textContent.split(/\\s+/).forEach(function (word) {
+          var w = word.replace(/^[^A-Za-z]+|[^A-Za-z]+$/g, "");
+          if (/^[A-Za-z-]{2,25}$/.test(w) && ctx.measureText(w).width > room + 1 && !bad.some(
+              function (b) { return b.indexOf("table " + (i + 1) + " breaks") === 0; })) {
+            bad.push("table " + (i + 1) + " breaks the word '" + w + "' inside a cell " + Math.round(room) +
+                     " px wide");
+          }
+        });
+      }
+    });
   });
   document.querySelectorAll("article figure img").forEach(function (i) {
     if (i.naturalWidth > 0 && i.clientWidth / i.naturalWidth < SCALE) {
@@ -394,7 +418,40 @@ def check_book(html_root: Path, shots: Path | None = None, workers: int = 2) -> 
         shots.mkdir(parents=True, exist_ok=True)
     pages = pages_of(html_root)
     with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(lambda p: check_page(chromium, p, html_root, shots), pages))
+        reports = list(pool.map(lambda p: check_page(chromium, p, html_root, shots), pages))
+    problem = profile_counts_problem(html_root)
+    if problem:
+        summary = next(r for r in reports if Path(r.page).name == "summary.html")
+        summary.problems.append(problem)
+    return reports
+
+
+#: A page's header line (studies.common.profile_note): "**Profile `quick`**: ...".
+HEADER_PROFILE = re.compile(r"<strong>Profile\s*<code[^>]*>(?:<span[^>]*>)?(\w+)")
+#: The summary's count of pages per profile: "... on 21 pages: 8 rendered at `paper`, 13 rendered at ...".
+SUMMARY_COUNT = re.compile(r"(\d+) rendered at\s*<code[^>]*>(?:<span[^>]*>)?(\w+)")
+
+
+def profile_counts_problem(html_root: Path) -> str:
+    """The summary page's pages per profile against the pages' own headers (issue 79): among the pages
+    that show a verdict table (a ``ledger-claims`` table) and a profile header, how many say each
+    profile. Empty when they agree, or when there is no summary page or no count on it."""
+    summary = next((p for p in pages_of(html_root) if p.name == "summary.html"), None)
+    if summary is None:
+        return ""
+    said = {prof: int(n) for n, prof in SUMMARY_COUNT.findall(summary.read_text(errors="replace"))}
+    if not said:
+        return ""
+    headers: dict[str, int] = {}
+    for page in pages_of(html_root):
+        html = page.read_text(errors="replace")
+        m = HEADER_PROFILE.search(html)
+        if m and "ledger-claims" in html and page.name not in ("summary.html", "ledger.html"):
+            headers[m.group(1)] = headers.get(m.group(1), 0) + 1
+    if said != headers:
+        fmt = lambda d: ", ".join(f"{n} at {p}" for p, n in sorted(d.items())) or "none"  # noqa: E731
+        return f"the summary counts pages {fmt(said)}; the pages' own headers say {fmt(headers)}"
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:

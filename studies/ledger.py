@@ -86,14 +86,15 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
 
 
 def show(findings: list[Finding]):
-    """The findings as a Markdown table (maths renders, verdicts on their colour)."""
+    """A page's findings in the ledger's own layout (:func:`claims_table`: the verdict badge before the
+    claim, the claim unbroken, what we measured and why beside it; issue 79), each row's profile and
+    seeds said where the row was graded at another profile than the page's."""
     from IPython.display import Markdown
 
-    rows = [
-        {"claim": f.claim, "ours": (f"**at {f.profile}, {f.seeds} seeds:** " if f.profile else "") + f.ours,
-         "verdict": badge(f.verdict), "why": f.reason} for f in findings
-    ]
-    return Markdown(markdown_table(rows, ["claim", "ours", "verdict", "why"]))
+    rows = [{"verdict": f.verdict, "claim": f.claim, "ours": f.ours, "reason": f.reason, "scope": f.scope,
+             "profile": f.profile, "seeds": f.seeds, "page": "", "part_of": f.part_of, "role": f.role}
+            for f in findings]
+    return Markdown(claims_table(pd.DataFrame(rows), {}, evidence=False))
 
 
 def upgrade(findings: list[Finding], larger: list[Finding]) -> list[Finding]:
@@ -253,10 +254,11 @@ def _one_line(text) -> str:
     return " ".join(symbols(str(text)).split())
 
 
-def claims_table(df: pd.DataFrame, titles: dict[str, str]) -> str:
+def claims_table(df: pd.DataFrame, titles: dict[str, str], evidence: bool = True) -> str:
     """One paper's findings as a two-column MyST table that fits the page: the verdict badge right
     before the claim (with the page holding its evidence, the profile and seeds below it), and what
-    our code measured with the reason for the verdict."""
+    our code measured with the reason for the verdict. ``evidence`` False: a page's own table (no link
+    to itself; a row's profile said only where it has one of its own)."""
     lines = [":::{list-table}", ":header-rows: 1", ":widths: 45 55", ":class: ledger-claims", "",
              "* - verdict and claim", "  - what we measured, and why"]
     for r in df.itertuples():
@@ -272,9 +274,12 @@ def claims_table(df: pd.DataFrame, titles: dict[str, str]) -> str:
         if scope:
             lines += [f"    <small>**not counted as evidence about the paper**: {_one_line(scope)}</small>",
                       ""]
-        lines += [f"    <small>evidence: [{_one_line(titles.get(r.page, r.page))}]({r.page}.ipynb) "
-                  f"({r.profile}{seeds})</small>",
-                  f"  - {_one_line(r.ours)}"]
+        if evidence:
+            lines += [f"    <small>evidence: [{_one_line(titles.get(r.page, r.page))}]({r.page}.ipynb) "
+                      f"({r.profile}{seeds})</small>", ""]
+        elif r.profile:
+            lines += [f"    <small>graded at `{r.profile}`{seeds}</small>", ""]
+        lines += [f"  - {_one_line(r.ours)}"]
         if r.reason:
             lines += ["", f"    <small>why: {_one_line(r.reason)}</small>"]
     return "\n".join([*lines, ":::"])

@@ -74,3 +74,43 @@ def test_browser_check_passes_a_good_page_and_flags_a_bad_one(tmp_path):
     assert "figure pic.svg without alt text" in problems and "figure pic.svg without a caption" in problems
     assert "figure missing.png without a caption" in problems
     assert "content wider than the page" in problems
+
+
+#: A verdict table squeezed until its words break, an index column after a concatenation (0, 1, 18, 19),
+#: and a summary whose pages-per-profile count disagrees with the pages' headers (issue 79).
+SQUEEZED = """<html><body><article style="width: 900px">
+<p><strong>Profile <code><span class="pre">quick</span></code></strong>: reduced.</p>
+<table class="ledger-claims" style="table-layout: fixed; width: 100%"><tr>
+<td style="width: 40px; overflow-wrap: anywhere">the full method is the most accurate variant</td>
+<td>what we measured</td></tr></table>
+<table><tr><th></th><th>round</th><th>noise</th></tr><tr><td>0</td><td>1</td><td>3.2</td></tr>
+<tr><td>1</td><td>2</td><td>3.1</td></tr><tr><td>18</td><td>19</td><td>2.0</td></tr></table>
+</article></body></html>"""
+FITTING = """<html><body><article style="width: 900px">
+<p><strong>Profile <code><span class="pre">quick</span></code></strong>: reduced.</p>
+<table class="ledger-claims" style="table-layout: fixed; width: 100%"><tr>
+<td style="width: 45%; overflow-wrap: break-word">the full method is the most accurate variant</td>
+<td>what we measured</td></tr></table>
+<table><tr><th>round</th><th>noise</th></tr><tr><td>1</td><td>3.2</td></tr>
+<tr><td>19</td><td>2.0</td></tr></table>
+</article></body></html>"""
+SUMMARY = """<html><body><article><p>47 claims on 2 pages: 2 rendered at <code><span class="pre">PROFILE</span>
+</code>.</p></article></body></html>"""
+
+
+@pytest.mark.parametrize("agree", [True, False])
+def test_the_check_fails_on_broken_words_an_index_and_a_summary_against_the_headers(tmp_path, agree):
+    (tmp_path / "index.html").write_text(GOOD)
+    (tmp_path / "other.html").write_text(GOOD)
+    (tmp_path / "pic.svg").write_text(SVG)
+    (tmp_path / "squeezed.html").write_text(SQUEEZED)
+    (tmp_path / "fitting.html").write_text(FITTING)
+    # two pages with a verdict table, both headed quick: the summary must say 2 at quick
+    (tmp_path / "summary.html").write_text(SUMMARY.replace("PROFILE", "quick" if agree else "paper"))
+    reports = {r.page: r for r in check_book(tmp_path)}
+    squeezed = " ".join(reports["squeezed.html"].problems)
+    assert "table 1 breaks the word" in squeezed
+    assert "table 2 shows pandas' row numbers" in squeezed
+    assert reports["fitting.html"].problems == []
+    summary = " ".join(reports["summary.html"].problems)
+    assert ("the pages' own headers say 2 at quick" in summary) is not agree, summary
