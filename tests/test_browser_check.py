@@ -94,8 +94,8 @@ FITTING = """<html><body><article style="width: 900px">
 <table><tr><th>round</th><th>noise</th></tr><tr><td>1</td><td>3.2</td></tr>
 <tr><td>19</td><td>2.0</td></tr></table>
 </article></body></html>"""
-SUMMARY = """<html><body><article><p>47 claims on 2 pages: 2 rendered at <code><span class="pre">PROFILE</span>
-</code>.</p></article></body></html>"""
+SUMMARY = """<html><body><article><p>47 claims on 2 pages: 2 rendered at
+<code><span class="pre">PROFILE</span></code>.</p></article></body></html>"""
 
 
 @pytest.mark.parametrize("agree", [True, False])
