@@ -362,6 +362,30 @@ def plan(profile: str, root: Path | None = None, kind: str | None = None,
     return rows
 
 
+def page_reruns(profile: str = "paper", root: Path | None = None, kind: str | None = None) -> list[dict]:
+    """Per page: the command that trains exactly its missing runs at ``profile`` (``run --pages``), how
+    many are missing and their estimated minutes, each run counted once for the page, and how many of
+    them other pages need too (issue 79: those count in each page's cost, once in the total of
+    :func:`plan`'s last row)."""
+    kind = kind or device_kind()
+    per_sample, _ = bench_seconds_per_sample(kind)
+    rc, gc = record_dp_cost(kind), record_dp_cost(kind, ghost=True)
+    per_page = needed(profile)
+    owners: dict[str, set[str]] = defaultdict(set)
+    for page, cs in per_page.items():
+        for c in cs:
+            owners[c.key()].add(page)
+    rows = []
+    for page, cs in per_page.items():
+        todo = missing({page: cs}, root)
+        est = sum(estimate_s(c, per_sample, rc, gc) for c in todo) / 60
+        rows.append({"page": page, "missing": len(todo), "estimate_min": est,
+                     "shared": sum(len(owners[c.key()]) > 1 for c in todo),
+                     "command": (f"python -m lab.campaign run --profile {profile} --pages {page} "
+                                 f"--budget-min {max(10, math.ceil(est * 1.2 / 10) * 10)}") if todo else ""})
+    return rows
+
+
 def measured_against_estimate(profile: str, kind: str, root: Path | None = None) -> dict[str, dict]:
     """How the estimates compare with what trained: per algorithm, the results present at
     ``profile`` that trained on ``kind`` (from their provenance), the minutes they record (a run

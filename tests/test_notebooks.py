@@ -219,3 +219,19 @@ def test_make_book_installs_what_the_notebooks_import():
     assert "$(FLOWER_STAMP)" in _make_prerequisites("notebooks"), (
         f"{needs_flower} import Flower, but make book does not install it")
     assert "notebooks" in _make_prerequisites("book")
+
+
+def test_the_teaching_pages_laptop_cell_runs_copied_alone_into_a_fresh_interpreter(tmp_path):
+    """Issue 79: "One minute on a laptop" holds its own imports and trains for real (never a stored
+    result), so a reader can copy it alone into a fresh Python session."""
+    import json
+
+    cells = json.loads((NOTEBOOKS / "dpfl_teaching.ipynb").read_text())["cells"]
+    (cell,) = [c for c in cells if "laptop" in c.get("metadata", {}).get("tags", [])]
+    source = "".join(cell["source"])
+    env = {**os.environ, "FEDLIB_RESULTS_DIR": str(tmp_path / "results")}
+    out = subprocess.run([sys.executable, "-c", source], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "test accuracy" in out.stdout and "trained in" in out.stdout
+    assert not (tmp_path / "results").exists()  # a temporary folder, not the results store

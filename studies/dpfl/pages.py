@@ -585,6 +585,14 @@ def federation_sizes(
     return out
 
 
+def federation_sizes_shared(runs: Runs) -> list[int]:
+    """The numbers of clients at which :func:`federation_sizes`' two variants are the same runs (the
+    fixed total of data gives each client 60 images there), from the runs' own configs."""
+    by = {(v, n, e): rs[0].config.key() for (v, n, e), rs in runs.results.items()}
+    return sorted({n for (v, n, e), key in by.items() if v == "same total data"
+                   and by.get(("60 images per client", n, e)) == key})
+
+
 def teaching(profile: str, n_seeds: int | None = None, epsilon: float = 1.0) -> ConfigSet:
     return {
         **epsilon_sweep(profile, n_seeds),

@@ -150,7 +150,7 @@ SCALES = {
     ),
     "paper": Scale(
         "the paper's setting: McMahan et al.'s CNN, full MNIST, 100 clients, 50 rounds, 3 seeds (the "
-        "paper averages 10 runs; 3 fit the GPU time this project gets, and --seeds adds more)",
+        "paper averages 10 runs; 3 fit the GPU time this project gets, and `--seeds` adds more)",
         seeds=3,
         overrides=dict(model="mcmahan_cnn", clients=100, train_samples=0, test_samples=0, rounds=50),
     ),
