@@ -26,6 +26,8 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q -r requirements.txt 2>&1 | grep -v "is ignored: it is neither" || true
 	$(PY) -c "import torch, torchvision, dp_accounting, papermill, jupyter_book"
 	$(PY) -m pip install -q --no-deps -e .
+	@# the study (studies/, lab/) beside the library: on the environment's path from this checkout
+	echo "$(CURDIR)" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/fedlib-study.pth"
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (fedlib)" >/dev/null
 	touch $@
 

@@ -28,6 +28,14 @@ from fedlib.config import Config
 from fedlib.kernels import device_options, kernel_settings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+#: Whether fedlib runs from the study's checkout (its results, data and commit are the repository's), or
+#: installed on its own (``pip install .``: results under the working folder, data in the user's cache).
+IN_CHECKOUT = (REPO_ROOT / "pyproject.toml").is_file() and (REPO_ROOT / "studies").is_dir()
+
+
+def user_cache() -> Path:
+    """``$XDG_CACHE_HOME/fedlib`` (``~/.cache/fedlib``): checkpoints, and the data of an installed fedlib."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fedlib"
 
 
 def folder_setting(name: str) -> Path | None:
@@ -43,8 +51,10 @@ def folder_setting(name: str) -> Path | None:
 
 
 def results_dir() -> Path:
-    """``$FEDLIB_RESULTS_DIR`` or ``<repo>/data/results``."""
-    return folder_setting("FEDLIB_RESULTS_DIR") or REPO_ROOT / "data" / "results"
+    """``$FEDLIB_RESULTS_DIR``, else ``<repo>/data/results`` in the study's checkout, else
+    ``./fedlib-results`` (fedlib installed on its own: beside the work that uses it)."""
+    default = REPO_ROOT / "data" / "results" if IN_CHECKOUT else Path.cwd() / "fedlib-results"
+    return folder_setting("FEDLIB_RESULTS_DIR") or default
 
 
 def process_umask() -> int:
@@ -159,7 +169,12 @@ def check_writable(folders: list[Path], need_bytes: int = MIN_FREE_BYTES) -> Non
 
 def git_commit() -> str:
     """The repository's HEAD commit, with ``-dirty`` when tracked files other than the
-    build's own outputs under ``data/`` (results, verdicts, timings) differ from it."""
+    build's own outputs under ``data/`` (results, verdicts, timings) differ from it; for fedlib
+    installed on its own, ``fedlib <version>``."""
+    if not IN_CHECKOUT:
+        from fedlib import __version__
+
+        return f"fedlib {__version__}"
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                               text=True, check=True, timeout=10).stdout.strip()
@@ -572,8 +587,7 @@ def default_checkpoint_dir() -> Path:
     env = folder_setting("FEDLIB_CHECKPOINT_DIR")
     if env is not None:
         return env
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "fedlib" / "checkpoints"
+    return user_cache() / "checkpoints"
 
 
 def checkpoint_dir(root: Path | None = None) -> Path:

@@ -1,0 +1,1 @@
+"""Privacy attacks used as audits: membership inference, gradient inversion."""
