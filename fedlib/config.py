@@ -68,14 +68,20 @@ PROFILE_NAMES = ("smoke", "quick", "paper", "custom")
 
 #: algorithm name -> its check (``list`` of problems); filled by :mod:`fedlib.algorithms`.
 _ALGORITHM_CHECKS: dict[str, Callable[[Config], list[str]]] = {}
+#: algorithm name -> the algorithm-specific fields it reads (its ``Algorithm.fields``).
+_ALGORITHM_FIELDS: dict[str, tuple[str, ...]] = {}
 
 
-def register_algorithm(name: str, check: Callable[[Config], list[str]]) -> None:
-    """Make ``name`` a valid ``Config.algorithm`` whose fields ``check`` validates."""
+def register_algorithm(name: str, check: Callable[[Config], list[str]], fields: tuple[str, ...] = ()) -> None:
+    """Make ``name`` a valid ``Config.algorithm`` whose fields ``check`` validates; ``fields``: the
+    algorithm-specific fields it reads, which a config of it may then set (an algorithm written outside
+    fedlib that extends one of fedlib's reads its fields: :func:`fedlib.algorithms.register`)."""
     _ALGORITHM_CHECKS[name] = check
+    _ALGORITHM_FIELDS[name] = tuple(fields)
 
 
 def algorithm_names() -> list[str]:
+    """The names a :class:`Config` accepts as ``algorithm`` (those registered)."""
     return sorted(_ALGORITHM_CHECKS)
 
 
@@ -249,6 +255,7 @@ class Config:
 
     @property
     def clients_per_round(self) -> int:
+        """The clients sampled in a round: ``round(client_fraction * clients)``, at least one."""
         return max(1, round(self.client_fraction * self.clients))
 
     # ---- validation: types, then the generic rules, then the algorithm's own check -------
@@ -287,10 +294,12 @@ class Config:
 
     # ---- serialisation and copies ----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain data (what a result file records)."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Config:
+        """A config from :meth:`to_dict`'s data; an unknown field is a :class:`ConfigError`."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - names
         if unknown:
@@ -438,9 +447,13 @@ def _generic_problems(c: Config) -> list[str]:
 
 
 def owners_of(name: str) -> list[str]:
-    """The algorithms that read field ``name`` (its ``owner`` metadata); empty for a field every run reads."""
+    """The algorithms that read field ``name`` (its ``owner`` metadata, and every registered algorithm
+    that declares it among its fields); empty for a field every run reads."""
     owner = next(f for f in dataclasses.fields(Config) if f.name == name).metadata.get("owner", "")
-    return [a for a in owner.split(",") if a]
+    owners = [a for a in owner.split(",") if a]
+    if not owners:
+        return []
+    return owners + [a for a, fs in _ALGORITHM_FIELDS.items() if name in fs and a not in owners]
 
 
 def ownership_problems(c: Config) -> list[str]:

@@ -271,9 +271,11 @@ class Dataset:
 
     @property
     def num_classes(self) -> int:
+        """The number of classes (ten for MNIST and FashionMNIST)."""
         return 10
 
     def to(self, device: torch.device | str) -> Dataset:
+        """The same dataset on ``device``."""
         return Dataset(self.name, *(t.to(device) for t in
                                     (self.x_train, self.y_train, self.x_test, self.y_test)))
 

@@ -158,6 +158,7 @@ class MoonDpapCNN(_CNN):
         self._add_projection_head(proj_dim)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
+        """conv 5x5 -> ReLU -> conv 5x5 -> max-pool 2x2 -> ReLU (the paper's two convolutions, one pool)."""
         return relu_max_pool2(self.conv2(F.relu(self.conv1(x))))
 
 
@@ -177,6 +178,7 @@ class McMahanCNN(_CNN):
         self._add_projection_head(proj_dim)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Two rounds of conv 5x5 -> max-pool 2x2 -> ReLU (McMahan et al. 2017)."""
         return relu_max_pool2(self.conv2(relu_max_pool2(self.conv1(x))))
 
 
@@ -195,13 +197,17 @@ class MLP(_CNN):
         self._add_projection_head(proj_dim)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The image itself (flattened by the forward pass): an MLP has no feature extractor."""
         return x
 
 
+#: The networks by name (``Config.model``).
 MODEL_CLASSES: dict[str, type[nn.Module]] = {"cnn": MoonDpapCNN, "mcmahan_cnn": McMahanCNN, "mlp": MLP}
 
 
 def build_model(name: str, num_classes: int = 10, dropout: float = 0.0, proj_dim: int = 0) -> nn.Module:
+    """A fresh network by name (:data:`MODEL_CLASSES`: ``cnn``, ``mcmahan_cnn``, ``mlp``) with ``num_classes``
+    outputs, dropout on its representation and, with ``proj_dim > 0``, MOON's projection head."""
     try:
         return MODEL_CLASSES[name](num_classes=num_classes, dropout=dropout, proj_dim=proj_dim)
     except KeyError:
@@ -209,4 +215,5 @@ def build_model(name: str, num_classes: int = 10, dropout: float = 0.0, proj_dim
 
 
 def count_parameters(model: nn.Module) -> int:
+    """The number of trainable numbers in ``model`` (its ``d``)."""
     return sum(p.numel() for p in model.parameters())

@@ -13,6 +13,7 @@ from fedlib.tree import Tree
 
 
 def prunable(name: str, tensor: torch.Tensor) -> bool:
+    """Whether a parameter can be pruned: a weight matrix or kernel, not a bias."""
     return name.endswith("weight") and tensor.dim() >= 2
 
 
@@ -24,6 +25,7 @@ def update_masks(params: dict[str, torch.Tensor], masks: dict[str, torch.Tensor]
 
 
 def apply_masks(tree: Tree, masks: dict[str, torch.Tensor]) -> Tree:
+    """Every masked tensor of ``tree`` multiplied by its 0/1 mask (pruned coordinates zero)."""
     return {k: v * masks[k].to(v.dtype) if k in masks else v for k, v in tree.items()}
 
 

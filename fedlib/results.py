@@ -216,6 +216,8 @@ def cpu_model(cpuinfo: str | None = None) -> str:
 
 
 def provenance(device: torch.device, engine: str) -> dict[str, Any]:
+    """What a result records of where it was computed: device, engine path, versions, platform,
+    processor, threads, the code's commit, and the kernel settings that change arithmetic."""
     import numpy
 
     dev = str(device)
@@ -322,6 +324,7 @@ class Result:
         return cls(config, history, meta, path)
 
     def save(self, path: Path) -> None:
+        """Write the result atomically, with its content hash (:meth:`to_json`)."""
         text = self.to_json()
         self.meta["content_sha256"] = json.loads(text)["meta"]["content_sha256"]
         atomic_write_bytes(path, text.encode())
@@ -343,6 +346,7 @@ PROVENANCE = ("device", "git_commit", "torch", "seed", "duration_s", "config_key
 
 
 def is_number(v: Any) -> bool:
+    """Whether ``v`` is an int or a float (a bool is not a number here)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -497,6 +501,7 @@ class ConfigLocks:
         return True
 
     def release_all(self) -> None:
+        """Release every lock this object holds."""
         import fcntl
 
         for fd in self.held.values():
@@ -576,6 +581,7 @@ def non_finite(history: list[dict[str, Any]]) -> bool:
 
 
 def result_path(config: Config, root: Path | None = None) -> Path:
+    """Where ``config``'s result lives: ``<root>/<algorithm>-<key>.json`` (:func:`results_dir` by default)."""
     return Path(root or results_dir()) / f"{config.algorithm}-{config.key()}.json"
 
 
@@ -603,8 +609,10 @@ def checkpoint_dir(root: Path | None = None) -> Path:
 
 
 def checkpoint_path(config: Config, root: Path | None = None) -> Path:
+    """Where ``config``'s checkpoint lives while it trains (:func:`checkpoint_dir`)."""
     return checkpoint_dir(root) / f"{config.key()}.pt"
 
 
 def model_path(config: Config, root: Path | None = None) -> Path:
+    """Where ``config``'s final global model is saved: ``<root>/models/<key>.pt``."""
     return Path(root or results_dir()) / "models" / f"{config.key()}.pt"

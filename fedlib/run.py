@@ -51,9 +51,10 @@ class DeviceError(ValueError):
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:
-    """``auto``/None: CUDA when available, else the CPU. On CUDA, also :func:`make_deterministic`.
-    A device that does not exist (an unknown name, ``cuda`` on a machine without a GPU, ``cuda:3``
-    on one with two) is a :class:`DeviceError` naming what this machine has."""
+    """``auto``/None: CUDA when available, else the CPU. On CUDA, also
+    :func:`fedlib.kernels.make_deterministic`. A device that does not exist (an unknown name,
+    ``cuda`` on a machine without a GPU, ``cuda:3`` on one with two) is a :class:`DeviceError`
+    naming what this machine has."""
     if device in (None, "auto"):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -175,6 +176,7 @@ class Trainee:
             set_aside(self.ckpt, f"checkpoint not loaded: {type(e).__name__}: {first}")
 
     def after_round(self, t: int, rec: dict, wall_s: float, checkpoint_every: int) -> dict:
+        """Record round ``t`` (and evaluate when due), checkpointing every ``checkpoint_every`` rounds."""
         config, exp = self.config, self.exp
         rec = {"round": t + 1, **rec, "wall_s": wall_s}
         if (t + 1) % config.eval_every == 0 or t + 1 == config.rounds_run:
@@ -191,12 +193,15 @@ class Trainee:
         return rec
 
     def checkpoint(self, next_round: int) -> None:
+        """Save the state to resume from round ``next_round`` (atomically, with a digest of its tensors)."""
         state = self.exp.state_dict()
         atomic_torch_save({"state": state, "digest": state_digest(state), "history": self.history,
                            "next_round": next_round, "config_key": self.config.key(), "commit": code_commit(),
                            "engine": self.path}, self.ckpt)
 
     def save(self, dev: torch.device, path: str, start: float, root: Path, extra: dict) -> Result:
+        """Write the finished run's result (history, provenance, privacy statement) and its model; the
+        checkpoint goes. A failed result write removes the model file too."""
         exp, config = self.exp, self.config
         elapsed_before = sum(h["wall_s"] for h in self.history[:self.first_round])
         meta = {**provenance(dev, path), "seed": config.seed, "config_key": config.key(),
@@ -235,7 +240,7 @@ class Trainee:
 def run(config: Config, *, engine: str = "auto", device: str | torch.device | None = None,
         force: bool = False, root: Path | None = None, checkpoint_every: int = 5,
         progress: bool = True) -> Result:
-    """Run ``config`` (or load it from the cache) and return its :class:`Result`.
+    """Run ``config`` (or load it from the cache) and return its :class:`~fedlib.results.Result`.
 
     ``engine``: ``auto`` (vectorized on a GPU; on a CPU parallel worker processes when
     there are two or more cores, else sequential), ``sequential``, ``parallel`` or
@@ -335,6 +340,8 @@ def batch_key(config: Config) -> str:
 
 
 def check_batch(configs: list[Config]) -> None:
+    """Refuse configs that cannot train as one run batch (:func:`batch_key`), naming the fields that
+    differ."""
     keys = {batch_key(c) for c in configs}
     if len(keys) > 1:
         first = json.loads(next(iter(keys)))

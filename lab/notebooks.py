@@ -37,6 +37,9 @@ NOTEBOOKS = REPO_ROOT / "notebooks"
 CHAPTERS = REPO_ROOT / "book" / "chapters"
 #: Pages that summarise the others: executed last, in this order.
 SUMMARY_PAGES = ("rerun", "ledger")
+#: Pages that show fedlib at work rather than a paper's runs: the book executes them at ``smoke``
+#: whatever the profile of the rest (they train for real, in seconds, so their code cannot go stale).
+SMOKE_PAGES = ("fedlib_own_code",)
 
 
 def ordered(sources: list[Path]) -> list[Path]:
@@ -67,7 +70,9 @@ def auto_profiles(stems: list[str], root: Path | None = None) -> dict[str, str]:
     out = {}
     for stem in stems:
         study = next((s for s in STUDIES if stem.startswith(s + "_")), None)
-        if stem in training:
+        if stem in SMOKE_PAGES:
+            out[stem] = "smoke"
+        elif stem in training:
             out[stem] = "paper" if stem in complete else "quick"
         elif study is not None and study in studies_done:
             out[stem] = "paper"

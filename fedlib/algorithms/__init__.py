@@ -1,5 +1,6 @@
 """Registry of federated algorithms: one module each, see :mod:`fedlib.algorithms.base`.
-Importing it registers each algorithm's config check with :mod:`fedlib.config`."""
+Importing it registers each algorithm's config check with :mod:`fedlib.config`; :func:`register`
+adds an algorithm written outside fedlib (the book's page "fedlib in your own code" writes one)."""
 
 from fedlib.algorithms.base import Algorithm, RoundContext
 from fedlib.algorithms.ditto import Ditto
@@ -15,12 +16,25 @@ from fedlib.algorithms.scaffold import Scaffold
 from fedlib.algorithms.signds_fl import SignDsFl
 from fedlib.config import register_algorithm
 
-ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls
-    for cls in (FedAvg, FedProx, Scaffold, FedDyn, Moon, Ditto, MoonDpap, DpFedAvg, LdpFl, SignDsFl, Fdl)
-}
-for _name, _cls in ALGORITHMS.items():
-    register_algorithm(_name, _cls.check)
+#: Every algorithm a :class:`~fedlib.config.Config` can name, by name.
+ALGORITHMS: dict[str, type[Algorithm]] = {}
+
+
+def register(cls: type[Algorithm]) -> type[Algorithm]:
+    """Make ``cls`` an algorithm that configs name by ``cls.name``: its check validates them and the
+    fields it declares (``cls.fields``, a subclass's inherited ones included) may be set; returns
+    ``cls``, so it serves as a class decorator. A name taken by another class is refused."""
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)) or cls.name in ("", "base"):
+        raise ValueError(f"register takes a subclass of fedlib.algorithms.Algorithm with a name, got {cls!r}")
+    if ALGORITHMS.get(cls.name, cls) is not cls:
+        raise ValueError(f"the algorithm name {cls.name!r} is taken by {ALGORITHMS[cls.name].__qualname__}")
+    ALGORITHMS[cls.name] = cls
+    register_algorithm(cls.name, cls.check, tuple(cls.fields))
+    return cls
+
+
+for _cls in (FedAvg, FedProx, Scaffold, FedDyn, Moon, Ditto, MoonDpap, DpFedAvg, LdpFl, SignDsFl, Fdl):
+    register(_cls)
 
 __all__ = ["ALGORITHMS", "Algorithm", "Ditto", "DpFedAvg", "Fdl", "FedAvg", "FedDyn", "FedProx", "LdpFl",
-           "Moon", "MoonDpap", "RoundContext", "Scaffold", "SignDsFl"]
+           "Moon", "MoonDpap", "RoundContext", "Scaffold", "SignDsFl", "register"]

@@ -137,11 +137,14 @@ class Algorithm:
 
     # ---- per-round hyperparameters (host side) -------------------------------------
     def hyper(self, t: int) -> dict[str, float]:
+        """The host-side hyperparameters of round ``t`` that every client of the round shares (the
+        learning rate, momentum and weight decay here; a schedule's value in algorithms that have one)."""
         c = self.config
         return {"lr": c.lr, "momentum": c.momentum, "weight_decay": c.weight_decay}
 
     # ---- state ------------------------------------------------------------------------
     def init_server_state(self, gparams: Params) -> Tree:
+        """State the server keeps across rounds besides the global model (none for FedAvg)."""
         return {}
 
     def init_client_state(self, gparams: Params) -> Tree:
@@ -186,6 +189,8 @@ class Algorithm:
 
     # ---- client (pure) ----------------------------------------------------------------
     def client_init(self, cstate: Tree, ctx: RoundContext) -> Tree:
+        """A client's working state at the start of its round: a copy of the global model, zero momentum
+        buffers, its step count and summed loss."""
         params = tmap(torch.clone, ctx.gparams)
         zero = next(iter(params.values())).new_zeros(())  # on the run's device, in its dtype
         return {"params": params, "mom": tmap(torch.zeros_like, params),
@@ -208,6 +213,8 @@ class Algorithm:
 
     def loss(self, params: Params, batch: dict[str, torch.Tensor], sstate: Tree, cstate: Tree,
              ctx: RoundContext) -> torch.Tensor:
+        """The client's training loss on one minibatch: cross-entropy, averaged over the batch's real
+        samples (``batch["w"]`` is 0 on padding). Algorithms add their terms here (FedProx, FedDyn, MOON)."""
         logits = self.forward(params, batch)
         return weighted_mean(F.cross_entropy(logits, batch["y"], reduction="none"), batch["w"])
 
@@ -234,6 +241,8 @@ class Algorithm:
 
     def client_step(self, sstate: Tree, batch: dict[str, torch.Tensor], cstate: Tree,
                     ctx: RoundContext) -> Tree:
+        """One local SGD step: the gradient of :meth:`loss` (:meth:`loss_and_grad`), corrected by
+        :meth:`correct_grad`, applied by :func:`sgd_update` with the round's hyperparameters."""
         grads, loss = self.loss_and_grad(sstate["params"], batch, sstate, cstate, ctx)
         grads = self.correct_grad(grads, sstate, cstate, ctx)
         h = ctx.hyper
@@ -244,6 +253,8 @@ class Algorithm:
                 "loss_sum": sstate["loss_sum"] + loss.detach()}
 
     def client_final(self, sstate: Tree, cstate: Tree, ctx: RoundContext) -> tuple[Tree, Tree, Tree]:
+        """The end of a client's round: its upload (the model update, local model minus global), its state
+        for the next round, and its metrics (mean training loss, steps taken)."""
         delta = tmap(torch.sub, sstate["params"], ctx.gparams)
         metrics = {"train_loss": sstate["loss_sum"] / sstate["steps"].clamp_min(1.0),
                    "steps": sstate["steps"]}
@@ -260,8 +271,8 @@ class Algorithm:
         and statistics of what it did. Part of the client's computation on every path: the
         sequential loop, a parallel worker, after the vmapped steps of the vectorized path (its
         generators cannot run under ``vmap``), and a Flower client. Its generators are keyed on
-        (config, stream, round, client) by :meth:`noise_seed`, so a client draws the same noise
-        whichever path or machine runs it. Identity here."""
+        (config, stream, round, client) by :meth:`~fedlib.algorithms.base.Algorithm.noise_seed`, so
+        a client draws the same noise whichever path or machine runs it. Identity here."""
         return upload, {}
 
     def privatize(self, uploads: Tree, clients: list[int],
@@ -329,7 +340,9 @@ class Algorithm:
 
     # ---- declared needs ---------------------------------------------------------------
     def uses_dropout(self) -> bool:
+        """Whether the engine draws dropout masks for this algorithm's steps."""
         return self.config.dropout > 0
 
     def describe(self) -> dict[str, Any]:
+        """What a result records about the algorithm (its name, and subclasses' settings)."""
         return {"name": self.name}

@@ -19,6 +19,7 @@ from fedlib.tree import Tree, sq_norm, tmap
 
 
 class Ditto(Algorithm):
+    """Ditto: FedAvg on the global model, and a personal model per client pulled towards it (Alg. 1)."""
     name = "ditto"
     fields = ("ditto_lambda",)
 
@@ -30,15 +31,18 @@ class Ditto(Algorithm):
         return {"v": tmap(torch.clone, gparams)}
 
     def client_init(self, cstate: Tree, ctx: RoundContext) -> Tree:
+        """FedAvg's working state plus a copy of the client's personal model ``v_i`` and its momentum."""
         s = super().client_init(cstate, ctx)
         return {**s, "v": tmap(torch.clone, cstate["v"]), "vmom": tmap(torch.zeros_like, cstate["v"])}
 
     def personal_loss(self, v: Params, batch, ctx: RoundContext):
+        """The personal objective ``F_i(v) + lambda/2 ||v - w^t||^2`` on one minibatch."""
         logits = self.forward(v, batch)
         ce = weighted_mean(F.cross_entropy(logits, batch["y"], reduction="none"), batch["w"])
         return ce + 0.5 * self.config.ditto_lambda * sq_norm(tmap(torch.sub, v, ctx.gparams))
 
     def client_step(self, sstate: Tree, batch, cstate: Tree, ctx: RoundContext) -> Tree:
+        """One step of the global model (FedAvg's) and one of the personal model on the same minibatch."""
         s = super().client_step(sstate, batch, cstate, ctx)
         h = ctx.hyper
         g = grad(self.personal_loss)(sstate["v"], batch, ctx)
@@ -46,6 +50,7 @@ class Ditto(Algorithm):
         return {**s, "v": v, "vmom": vmom}
 
     def client_final(self, sstate: Tree, cstate: Tree, ctx: RoundContext):
+        """The global model's update, and the personal model kept as the client's state."""
         upload, _, metrics = super().client_final(sstate, cstate, ctx)
         return upload, {"v": sstate["v"]}, metrics
 

@@ -46,6 +46,8 @@ def count_std(config: Config) -> float:
 
 
 class DpFedAvg(Algorithm):
+    """DP-FedAvg with client-level DP, fixed or adaptive clipping (McMahan et al. 2018; Andrew et
+    al. 2021)."""
     name = "dp_fedavg"
     fields = ("dp_noise_multiplier", "adaptive_clip", "clip_quantile", "clip_lr", "clip_count_std", "dp_clip",
               "dp_delta", "secure_noise", "randomness")
@@ -84,6 +86,7 @@ class DpFedAvg(Algorithm):
         return np.flatnonzero(rng.random(self.config.clients) < self.q).tolist()
 
     def init_server_state(self, gparams: Params) -> Tree:
+        """The clip norm the next round uses (adaptive clipping moves it; fixed clipping keeps ``C``)."""
         device = next(iter(gparams.values())).device
         return {"clip": torch.tensor(float(self.config.dp_clip), dtype=torch.float64, device=device)}
 
@@ -91,6 +94,8 @@ class DpFedAvg(Algorithm):
         return {"clip": float(server_state["clip"])}
 
     def client_final(self, sstate: Tree, cstate: Tree, ctx: RoundContext):
+        """The client's update clipped to the round's ``C``, and whether it was within ``C`` (adaptive
+        clipping's count, noised at the server)."""
         upload, new_cstate, metrics = super().client_final(sstate, cstate, ctx)
         clipped, norm = clip_by_l2(upload["delta"], ctx.shared["clip"])
         metrics["update_norm"] = norm

@@ -53,6 +53,7 @@ from fedlib.streams import Stream
 
 
 class Fdl(SparseUpload):
+    """FDL by dimension selection, as published or as our repair (``fdl_mode``)."""
     name = "fdl"
     stream = Stream.FDL
     fields = ("fdl_mode", "fdl_epsilon_per_draw", "fdl_epsilon_per_round", "ldp_clip", "fdl_r", "fdl_th",
@@ -134,6 +135,7 @@ class Fdl(SparseUpload):
 
     # ---- the corrected mechanism's budget (each piece named, so each can be audited) ------------
     def k(self, dims: int) -> int:
+        """The number of dimensions a client sends (the repair's public ``k``, at most the model's size)."""
         return min(self.config.fdl_k, dims)
 
     def split(self) -> tuple[float, float]:

@@ -14,4 +14,5 @@ from fedlib.algorithms.base import Algorithm
 
 
 class FedAvg(Algorithm):
+    """FedAvg: every piece as :class:`~fedlib.algorithms.base.Algorithm` defines it."""
     name = "fedavg"

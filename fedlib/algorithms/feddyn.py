@@ -17,6 +17,7 @@ from fedlib.tree import Tree, sq_norm, tmap
 
 
 class FedDyn(Algorithm):
+    """FedDyn: the dynamically regularised client loss and the server's correction ``h`` (Alg. 1)."""
     name = "feddyn"
     fields = ("feddyn_alpha",)
 
@@ -26,18 +27,22 @@ class FedDyn(Algorithm):
         return [] if a > 0 else [f"feddyn_alpha must be > 0 (the server divides by it), got {a}"]
 
     def init_server_state(self, gparams: Params) -> Tree:
+        """The server's correction ``h``, zero at the start."""
         return {"h": tmap(torch.zeros_like, gparams)}
 
     def init_client_state(self, gparams: Params) -> Tree:
         return {"g": tmap(torch.zeros_like, gparams)}
 
     def loss(self, params: Params, batch, sstate: Tree, cstate: Tree, ctx: RoundContext):
+        """Cross-entropy minus ``<g_i, w>`` plus ``alpha/2 ||w - w^{t-1}||^2``, the client's state ``g_i``
+        the linear term (FedDyn's client objective)."""
         a = self.config.feddyn_alpha
         linear = sum((g * w).sum() for g, w in zip(cstate["g"].values(), params.values(), strict=True))
         quad = sq_norm(tmap(lambda w, g: w - g, params, ctx.gparams))
         return super().loss(params, batch, sstate, cstate, ctx) - linear + 0.5 * a * quad
 
     def client_final(self, sstate: Tree, cstate: Tree, ctx: RoundContext):
+        """The model update and the client's new linear term ``g_i <- g_i - alpha (w_i^t - w^{t-1})``."""
         upload, _, metrics = super().client_final(sstate, cstate, ctx)
         a = self.config.feddyn_alpha
         g_new = tmap(lambda g, d: g - a * d, cstate["g"], upload["delta"])

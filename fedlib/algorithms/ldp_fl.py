@@ -19,6 +19,7 @@ from fedlib.streams import Stream
 
 
 class LdpFl(SparseUpload):
+    """LDP-FL: every coordinate clamped to ``[-c, c]`` and replaced by the two-point mechanism."""
     name = "ldp_fl"
     stream = Stream.LDP_FL
     mechanism = "two-point mechanism on every coordinate"

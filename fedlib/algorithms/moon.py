@@ -22,6 +22,8 @@ from fedlib.tree import Tree, tmap
 
 
 class Moon(Algorithm):
+    """MOON: cross-entropy plus ``mu`` times the model-contrastive loss (eq. 3-4) on the projected
+    representations of the local, global and previous local models."""
     name = "moon"
     uses_projection_head = True
     fields = ("moon_mu", "moon_tau", "projection_dim")
@@ -38,6 +40,7 @@ class Moon(Algorithm):
         return errs
 
     def hyper(self, t: int) -> dict[str, float]:
+        """FedAvg's hyperparameters plus MOON's temperature ``tau`` and weight ``mu``."""
         return {**super().hyper(t), "mu": self.config.moon_mu, "tau": self.config.moon_tau}
 
     def init_client_state(self, gparams: Params) -> Tree:
@@ -64,5 +67,7 @@ class Moon(Algorithm):
         return weighted_mean(ce + ctx.hyper["mu"] * con, batch["w"])
 
     def client_final(self, sstate: Tree, cstate: Tree, ctx: RoundContext):
+        """The model update, and the client's local model kept as its *previous* model for the next
+        round's negative pair."""
         upload, _, metrics = super().client_final(sstate, cstate, ctx)
         return upload, {"prev": sstate["params"]}, metrics

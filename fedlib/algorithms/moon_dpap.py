@@ -137,6 +137,8 @@ def total_epsilon(zs: list[float], delta: float) -> float:
 
 
 class MoonDpap(Moon):
+    """MOON-DPAP: MOON with the paper's schedules (eq. 1-3), dropout, pruning (eq. 6-7) and DP in one
+    of the readings this module describes (``dp``: central, local, record, formula)."""
     name = "moon_dpap"
     fields = (*Moon.fields, "cosine_lr", "lr_min", "tau_min", "mu_max", "schedule_ramp", "prune",
               "prune_t_min",
@@ -223,6 +225,9 @@ class MoonDpap(Moon):
                          sensitivity=self.config.dp_clip)
 
     def loss_and_grad(self, params, batch, sstate, cstate, ctx):
+        """MOON's gradient, or under record-level DP-SGD (and the formula in circulation) the step's sum of
+        per-sample gradients clipped to ``C`` (per-sample or ghost, ``dp_grad``) with the step's noise, over
+        the expected batch size."""
         if self.config.dp not in ("record", "formula"):
             return super().loss_and_grad(params, batch, sstate, cstate, ctx)
         batch = {**batch, **self.frozen_reprs(batch, cstate, ctx)}  # once per batch, not per sample
@@ -260,6 +265,8 @@ class MoonDpap(Moon):
         return self._hyper(t, noise=self.config.dp in ("local", "record"))
 
     def hyper(self, t: int) -> dict[str, float]:
+        """MOON's hyperparameters on MOON-DPAP's schedules: the cosine learning rate (eq. 1), the
+        temperature and weight ramps (eq. 2-3), and the round's DP noise level."""
         return self._hyper(t, noise=True)
 
     def _hyper(self, t: int, noise: bool) -> dict[str, float]:
@@ -280,6 +287,7 @@ class MoonDpap(Moon):
     # ---- pruning masks live in the server state and are broadcast -----------------------
     # pragma: no mutate start (pruning masks: public post-processing of the noised model)
     def init_server_state(self, gparams: Params) -> Tree:
+        """The pruning masks (all ones at the start) when pruning is on; no other server state."""
         if not self.config.prune:
             return {}
         return {"masks": {k: torch.ones_like(v) for k, v in gparams.items()}}
@@ -290,10 +298,13 @@ class MoonDpap(Moon):
 
     # ---- the formula in circulation counts the samples its client trained on (its n_i) ------
     def client_init(self, cstate: Tree, ctx: RoundContext) -> Tree:
+        """MOON's working state; under the formula in circulation also the count of samples trained on."""
         s = super().client_init(cstate, ctx)
         return {**s, "samples": s["steps"]} if self.config.dp == "formula" else s
 
     def client_step(self, sstate: Tree, batch, cstate: Tree, ctx: RoundContext) -> Tree:
+        """MOON's step; under the formula in circulation it also counts the samples trained on
+        (its ``n_i``)."""
         s = super().client_step(sstate, batch, cstate, ctx)
         if self.config.dp != "formula":
             return s
@@ -301,6 +312,8 @@ class MoonDpap(Moon):
 
     # ---- client: mask, then clip --------------------------------------------------------
     def client_final(self, sstate: Tree, cstate: Tree, ctx: RoundContext):
+        """MOON's upload with the pruning mask applied, clipped to ``C`` under client-level DP; under the
+        formula in circulation with the client's sample count."""
         upload, new_cstate, metrics = super().client_final(sstate, cstate, ctx)
         delta = upload["delta"]
         if "masks" in ctx.shared:
@@ -333,6 +346,9 @@ class MoonDpap(Moon):
         return {"delta": noised}, {}
 
     def formula_release(self, upload: Tree, client: int, ctx: RoundContext) -> tuple[Tree, dict[str, float]]:
+        """The formula in circulation's release: Gaussian noise of eq. 4 with ``Delta_f = 2 lr C / n_i``
+        (:func:`formula_sigma`) on every kept coordinate of the client's update, or none under its
+        noise-off control (``dp_noise_free``). No valid guarantee either way."""
         c = self.config
         n = round(float(upload["samples"]))
         sigma = formula_sigma(ctx.hyper["lr"], c.dp_clip, n, ctx.hyper["epsilon_nominal"], c.dp_delta)

@@ -23,9 +23,11 @@ from fedlib.tree import Tree, tmap
 
 
 class Scaffold(Algorithm):
+    """SCAFFOLD (option II): local steps corrected by control variates ``c - c_i``; the server keeps ``c``."""
     name = "scaffold"
 
     def init_server_state(self, gparams: Params) -> Tree:
+        """The server's control variate ``c``, zero at the start."""
         return {"c": tmap(torch.zeros_like, gparams)}
 
     def init_client_state(self, gparams: Params) -> Tree:
@@ -38,6 +40,8 @@ class Scaffold(Algorithm):
         return tmap(lambda g, c, ci: g + c - ci, grads, ctx.shared["c"], cstate["c_i"])
 
     def client_final(self, sstate: Tree, cstate: Tree, ctx: RoundContext):
+        """The model update and the change of the client's control variate, option II of Alg. 1:
+        ``c_i+ = c_i - c + (x - y_i) / (K_i eta_l)`` with the client's own step count ``K_i``."""
         upload, _, metrics = super().client_final(sstate, cstate, ctx)
         k_lr = sstate["steps"].clamp_min(1.0) * ctx.hyper["lr"]
         c_new = tmap(lambda ci, c, d: ci - c - d / k_lr, cstate["c_i"], ctx.shared["c"], upload["delta"])

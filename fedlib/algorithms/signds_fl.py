@@ -22,6 +22,7 @@ from fedlib.streams import Stream
 
 
 class SignDsFl(SparseUpload):
+    """SignDS-FL: a random sign and ``h`` dimensions drawn by the exponential mechanism from the top-k set."""
     name = "signds_fl"
     stream = Stream.SIGNDS_FL
     mechanism = "exponential choice of how many reported dimensions come from the top-k set"

@@ -23,6 +23,8 @@ from fedlib.tree import Tree, unflatten_like
 
 
 class SparseUpload(Algorithm):
+    """The local-DP algorithms' common part: a client's update leaves it sparse and randomised
+    (:meth:`encode`); the server adds the mean of the decoded reports."""
     #: Stream of this mechanism's randomness (a :class:`fedlib.streams.Stream`).
     stream: int = 60
     #: How the released values are randomised (for the guarantee's description).
@@ -34,7 +36,7 @@ class SparseUpload(Algorithm):
 
     def encode(self, flat: torch.Tensor, seed: tuple[int, ...]) -> tuple[dict[str, torch.Tensor], dict]:
         """``flat``: ``(m, d)`` updates -> (``{"mask", "values"[, "scale"]}``, statistics); ``seed``
-        keys the round's randomness (:meth:`Algorithm.noise_seed`)."""
+        keys the round's randomness (:meth:`~fedlib.algorithms.base.Algorithm.noise_seed`)."""
         raise NotImplementedError
 
     def releases_locally(self) -> bool:

@@ -30,6 +30,7 @@ from torch.func import functional_call
 @torch.no_grad()
 def per_sample_losses(model: nn.Module, params: dict, x: torch.Tensor, y: torch.Tensor,
                       batch_size: int = 500) -> np.ndarray:
+    """The cross-entropy of each sample of ``(x, y)`` under ``params`` (the loss-threshold attack's score)."""
     out = [F.cross_entropy(functional_call(model, params, (x[i:i + batch_size],)), y[i:i + batch_size],
                            reduction="none") for i in range(0, len(y), batch_size)]
     return torch.cat(out).cpu().numpy()
@@ -55,12 +56,15 @@ def auc(member_losses: np.ndarray, nonmember_losses: np.ndarray) -> float:
 
 
 def tpr_at_fpr(fpr: np.ndarray, tpr: np.ndarray, target: float) -> float:
+    """The highest true-positive rate of an ROC curve at a false-positive rate of at most ``target``."""
     ok = fpr <= target
     return float(tpr[ok].max()) if ok.any() else 0.0
 
 
 @dataclass
 class AttackResult:
+    """A membership-inference audit's outcome: AUC, advantage (TPR - FPR at the best threshold), TPRs at
+    1 % and 0.1 % FPR, and their bootstrap intervals (``ci``)."""
     auc: float
     advantage: float
     tpr_at_1pct: float

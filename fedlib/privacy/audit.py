@@ -33,6 +33,8 @@ def clopper_pearson(k: int, n: int, alpha: float) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class AuditResult:
+    """A black-box audit's outcome: the Clopper-Pearson lower bound on epsilon, the event that gives it,
+    its probabilities under the two inputs and the samples drawn."""
     epsilon_lower_bound: float
     event: str  # e.g. "s > 1.3 (D over D')"
     p_numerator: float  # point estimates on the evaluation half

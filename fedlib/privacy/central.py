@@ -197,7 +197,8 @@ def _decode(n: torch.Tensor, grid: Grid, like: torch.Tensor) -> torch.Tensor:
 
 def check_rows(clipped: Tree, clip: float) -> None:
     """Every row (leading dimension) of ``clipped`` is finite with flat L2 norm at most ``clip``
-    (relative slack :data:`NORM_SLACK` for float32 rounding), else :class:`SensitivityError`."""
+    (relative slack :data:`NORM_SLACK` for float32 rounding), else
+    :class:`~fedlib.privacy.record.SensitivityError`."""
     xs = leaves(clipped)
     if not xs or xs[0].shape[0] == 0:
         return
@@ -225,9 +226,10 @@ def noisy_sum(
     public 0/1 tree (pruning); masked coordinates get no noise (and carry no update).
 
     The sensitivity is verified, not assumed: every row must be finite with L2 norm at most
-    ``clip`` (up to float32 rounding, :data:`NORM_SLACK`), else :class:`SensitivityError`. The
-    release is recorded (:func:`fedlib.privacy.record.note`) with the multiplier of the noise
-    actually drawn against that sensitivity."""
+    ``clip`` (up to float32 rounding, :data:`NORM_SLACK`), else
+    :class:`~fedlib.privacy.record.SensitivityError`. The release is recorded
+    (:func:`fedlib.privacy.record.note`) with the multiplier of the noise actually drawn against that
+    sensitivity."""
     check_rows(clipped, clip)
     if noise_multiplier <= 0:
         note(Release("gaussian_sum", noise_multiplier=0.0))
@@ -335,6 +337,9 @@ class AdaptiveClipping:
     count_std: float
 
     def update_multiplier(self, z: float) -> float:
+        """The noise multiplier left for the update once the count takes its share: with ``z`` for both,
+        ``z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2`` (Andrew et al. 2021, Thm 1), so that the round's two
+        releases together spend what ``z`` alone would."""
         if z <= 0:
             return 0.0
         if not z < 2 * self.count_std:
@@ -349,6 +354,9 @@ class AdaptiveClipping:
         seed: tuple[int, ...],
         secure: bool = True,
     ) -> float:
+        """The next round's clip norm: the share ``b`` of clients whose update was within ``C``, from their
+        noisy count (exact discrete Gaussian of std ``sigma_b`` on the grid), moves ``C`` geometrically
+        towards the target quantile, ``C exp(-eta_C (b - gamma))`` (Andrew et al. 2021, Alg. 1)."""
         count = noisy_count(unclipped - 0.5, self.count_std, seed, secure)
         b = min(1.0, max(0.0, count / denominator + 0.5))
         return clip * math.exp(-self.learning_rate * (b - self.target_quantile))

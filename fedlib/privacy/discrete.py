@@ -53,9 +53,11 @@ class Grid:
     step: float
 
     def encode(self, x: np.ndarray) -> np.ndarray:
+        """``x`` rounded to the nearest grid point (ties to even), as integer multiples of the step."""
         return np.rint(np.asarray(x, dtype=np.float64) / self.step).astype(np.int64)
 
     def decode(self, n: np.ndarray) -> np.ndarray:
+        """Integer multiples of the step back to values: exact (the step is a power of two)."""
         return np.asarray(n, dtype=np.float64) * self.step
 
 
@@ -222,5 +224,6 @@ def effective_sigma2(sigma: float) -> tuple[int, int]:
 
 
 def effective_sigma(sigma: float) -> float:
+    """The standard deviation the sampler draws with for ``sigma`` (:func:`effective_sigma2`: never less)."""
     num, den = effective_sigma2(sigma)
     return math.sqrt(num / den)

@@ -62,6 +62,8 @@ RELEASED_METRICS = frozenset(
 
 
 def is_released(metric: str) -> bool:
+    """Whether a history metric is released under a run's guarantee (:data:`RELEASED_METRICS`), or a
+    diagnostic computed from private data outside the mechanism."""
     return metric in RELEASED_METRICS
 
 
@@ -105,6 +107,8 @@ class Guarantee:
     mechanism: str  # e.g. "discrete Gaussian on the sum of clipped updates"
 
     def describe(self, epsilon: float | None = None) -> str:
+        """The guarantee in words, with the ``epsilon`` a run spent: budget, unit, relation, where the noise
+        is added and by which mechanism."""
         eps = "" if epsilon is None else (f"ε = {epsilon:.3g}" if math.isfinite(epsilon) else "ε = ∞")
         delta = f", δ = {self.delta:g}" if self.delta else " (pure)"
         return (
@@ -113,6 +117,7 @@ class Guarantee:
         ).lstrip("; ")
 
     def to_dict(self) -> dict:
+        """The guarantee as plain data, for a result's metadata."""
         d = asdict(self)
         d["relation"] = self.relation.value
         return d
@@ -146,6 +151,8 @@ class Accountant:
         self.gaussian_rounds = 0
 
     def step(self, event: GaussianEvent | PureEvent | None) -> None:
+        """Compose one round's event: a Gaussian event adds its RDP curve (``count`` releases at the
+        sampling rate), a pure one its epsilon; ``None`` (no release) adds nothing."""
         if event is None:
             return
         if isinstance(event, GaussianEvent):
@@ -162,8 +169,10 @@ class Accountant:
         return epsilon_from_rdp(self.rdp, self.delta) + self.pure
 
     def state_dict(self) -> dict:
+        """What a checkpoint keeps of the accountant: the composed RDP curve and pure epsilon."""
         return {"rdp": self.rdp.tolist(), "pure": self.pure, "gaussian_rounds": self.gaussian_rounds}
 
     def load_state_dict(self, d: dict) -> None:
+        """Resume from :meth:`state_dict`'s data."""
         self.rdp = np.array(d["rdp"], dtype=np.float64)
         self.pure, self.gaussian_rounds = d["pure"], d["gaussian_rounds"]

@@ -98,7 +98,7 @@ class StepNoise:
         return tuple(int(w) for w in np.random.SeedSequence(list(self.key)).generate_state(2))
 
     def split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """(R, size) values as the tree ``shapes`` describes, each leaf (R, *shape) (views)."""
+        """(R, size) values as the tree ``shapes`` describes, each leaf ``(R, *shape)`` (views)."""
         out, at = {}, 0
         for name, shape in self.shapes:
             k = math.prod(shape)
@@ -107,6 +107,8 @@ class StepNoise:
         return out
 
     def draw(self, client: int, step: int) -> dict[str, torch.Tensor]:
+        """Client ``client``'s noise at local step ``step``: ``N(0, std^2)`` for every coordinate of the
+        model, from that client and step's own generator (or Philox counters, ``counter``)."""
         if self.counter:
             note_key("philox", (*self.key, client, step))
             key = torch.tensor([self.philox_key()], dtype=torch.int64, device=self.device)

@@ -74,7 +74,7 @@ def note(release: Release) -> None:
 
 @dataclass(frozen=True)
 class Draw:
-    """What one mechanism call drew, as the mechanism saw it: its first :data:`DRAW_HEAD` values and
+    """What one mechanism call drew, as the mechanism saw it: its first ``DRAW_HEAD`` values and
     a digest of all of them (float64 bytes). Tests of independence read these: two releases keyed
     alike (the same round, client or step in a key) draw the same values, which a digest or a
     correlation shows."""
