@@ -166,17 +166,17 @@ MIN_FIGURE_SCALE = MIN_SCALE
 #: Script added to a copy of a page with the privacy explorer: it reads the explorer's readout, moves
 #: its first slider, and records the readout before and after (and the sizes of its text).
 EXPLORER_PROBE = """<script>
-function texts() { return document.querySelectorAll("#privacy-explorer svg text"); }
+function texts() { return document.querySelectorAll("#EXPLORER_ID svg text"); }
 function readout() {
   var t = []; texts().forEach(function (e) { t.push(e.textContent); }); return t.join(" | ");
 }
 function shown() {  // the values the page shows beside the sliders
-  var t = []; document.querySelectorAll("#privacy-explorer .explorer-value").forEach(function (e) {
+  var t = []; document.querySelectorAll("#EXPLORER_ID .explorer-value").forEach(function (e) {
     if (e.offsetParent !== null) t.push(e.textContent); }); return t.join(" | ");
 }
 window.addEventListener("load", function () { setTimeout(function () {
   var before = readout(), valuesBefore = shown(), small = [];
-  var inputs = document.querySelectorAll("#privacy-explorer input[type=range]");
+  var inputs = document.querySelectorAll("#EXPLORER_ID input[type=range]");
   texts().forEach(function (e) {
     var px = parseFloat(getComputedStyle(e).fontSize);
     if (px < 10) small.push(e.textContent + " (" + px + " px)");
@@ -338,33 +338,44 @@ def check_page(chromium: str, page: Path, root: Path, shots: Path | None) -> Pag
                                "(name the thing, or set the name as code)")
     if overflow:
         report.problems.append(f"content wider than the page: {overflow}")
-    if 'id="privacy-explorer"' in page.read_text(errors="replace"):
-        report.problems.extend(explorer_problems(chromium, page))
+    html = page.read_text(errors="replace")
+    for explorer in EXPLORERS:
+        if f'id="{explorer}"' in html:
+            report.problems.extend(explorer_problems(chromium, page, explorer))
     return report
 
 
-def explorer_problems(chromium: str, page: Path) -> list[str]:
-    """Load a copy of ``page`` with :data:`EXPLORER_PROBE`: the explorer must draw its readout, have
-    four sliders that show their values (not their positions), change its readout and the value
-    shown when a slider moves, and draw no text under 10 px."""
-    m = EXPLORER_RESULT.search(_dom_with(chromium, page, EXPLORER_PROBE, ".explorer-"))
+#: The book's explorers: the id of their element -> (their sliders, a phrase their readout shows).
+EXPLORERS = {"privacy-explorer": (4, "noise std on the average update"),
+             "units-explorer": (4, "noise on the averaged update / largest signal")}
+
+
+def explorer_problems(chromium: str, page: Path, explorer: str = "privacy-explorer") -> list[str]:
+    """Load a copy of ``page`` with :data:`EXPLORER_PROBE` for the explorer ``explorer``
+    (:data:`EXPLORERS`): it must draw its readout, have its sliders, which show their values (not their
+    positions), change its readout and the value shown when a slider moves, and draw no text under
+    10 px."""
+    sliders, phrase = EXPLORERS[explorer]
+    probe = EXPLORER_PROBE.replace("EXPLORER_ID", explorer)
+    m = EXPLORER_RESULT.search(_dom_with(chromium, page, probe, ".explorer-"))
+    name = "the privacy explorer" if explorer == "privacy-explorer" else f"the explorer #{explorer}"
     if m is None:
-        return ["the privacy explorer probe did not run"]
+        return [f"{name} probe did not run"]
     attrs = dict(re.findall(r'data-(\w+)="([^"]*)"', m.group(1)))
     problems = []
-    if attrs.get("sliders") != "4":
-        problems.append(f"the privacy explorer has {attrs.get('sliders')} sliders, not 4")
-    if "noise std on the average update" not in attrs.get("before", ""):
-        problems.append("the privacy explorer drew no readout")
+    if attrs.get("sliders") != str(sliders):
+        problems.append(f"{name} has {attrs.get('sliders')} sliders, not {sliders}")
+    if phrase not in attrs.get("before", ""):
+        problems.append(f"{name} drew no readout")
     elif attrs.get("before") == attrs.get("after"):
-        problems.append("moving the privacy explorer's slider changed nothing")
+        problems.append(f"moving {name}'s slider changed nothing")
     if attrs.get("small"):
-        problems.append(f"the privacy explorer has text under 10 px: {attrs['small'][:200]}")
+        problems.append(f"{name} has text under 10 px: {attrs['small'][:200]}")
     values = [v for v in attrs.get("values", "").split(" | ") if v]
-    if len(values) != 4 or not all("=" in v for v in values):
-        problems.append(f"the privacy explorer's sliders do not show their values: {attrs.get('values')!r}")
+    if len(values) != sliders or not all("=" in v for v in values):
+        problems.append(f"{name}'s sliders do not show their values: {attrs.get('values')!r}")
     elif attrs.get("values") == attrs.get("valuesafter"):
-        problems.append("moving the privacy explorer's slider did not change the value shown beside it")
+        problems.append(f"moving {name}'s slider did not change the value shown beside it")
     return problems
 
 

@@ -254,6 +254,17 @@ def _one_line(text) -> str:
     return " ".join(symbols(str(text)).split())
 
 
+#: Words in a row's claim, scope or reason that make its verdict depend on the unit of privacy (a
+#: reading of a paper's DP, client- against record-level, local DP): such rows link to the page that
+#: compares the units (notebooks/units_of_privacy.ipynb, issue 77).
+UNIT_WORDS = ("[reading:", "client-level", "record-level", "local dp", "-ldp", "ldp ")
+
+
+def depends_on_unit(row) -> bool:
+    text = " ".join(str(getattr(row, k, "") or "") for k in ("claim", "scope", "reason")).lower()
+    return any(w in text for w in UNIT_WORDS)
+
+
 def claims_table(df: pd.DataFrame, titles: dict[str, str], evidence: bool = True) -> str:
     """One paper's findings as a two-column MyST table that fits the page: the verdict badge right
     before the claim (with the page holding its evidence, the profile and seeds below it), and what
@@ -275,8 +286,10 @@ def claims_table(df: pd.DataFrame, titles: dict[str, str], evidence: bool = True
             lines += [f"    <small>**not counted as evidence about the paper**: {_one_line(scope)}</small>",
                       ""]
         if evidence:
+            whose = (" · whose privacy: [the units compared](units_of_privacy.ipynb)"
+                     if depends_on_unit(r) else "")
             lines += [f"    <small>evidence: [{_one_line(titles.get(r.page, r.page))}]({r.page}.ipynb) "
-                      f"({r.profile}{seeds})</small>", ""]
+                      f"({r.profile}{seeds}){whose}</small>", ""]
         elif r.profile:
             lines += [f"    <small>graded at `{r.profile}`{seeds}</small>", ""]
         lines += [f"  - {_one_line(r.ours)}"]

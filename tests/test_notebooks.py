@@ -221,12 +221,13 @@ def test_make_book_installs_what_the_notebooks_import():
     assert "notebooks" in _make_prerequisites("book")
 
 
-def test_the_teaching_pages_laptop_cell_runs_copied_alone_into_a_fresh_interpreter(tmp_path):
-    """Issue 79: "One minute on a laptop" holds its own imports and trains for real (never a stored
-    result), so a reader can copy it alone into a fresh Python session."""
+@pytest.mark.parametrize("page", ["dpfl_teaching", "units_of_privacy"])
+def test_the_teaching_pages_laptop_cell_runs_copied_alone_into_a_fresh_interpreter(tmp_path, page):
+    """Issues 77 and 79: "One minute on a laptop" holds its own imports and trains for real (never a
+    stored result), so a reader can copy it alone into a fresh Python session."""
     import json
 
-    cells = json.loads((NOTEBOOKS / "dpfl_teaching.ipynb").read_text())["cells"]
+    cells = json.loads((NOTEBOOKS / f"{page}.ipynb").read_text())["cells"]
     (cell,) = [c for c in cells if "laptop" in c.get("metadata", {}).get("tags", [])]
     source = "".join(cell["source"])
     env = {**os.environ, "FEDLIB_RESULTS_DIR": str(tmp_path / "results")}
