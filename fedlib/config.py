@@ -336,9 +336,12 @@ INT_MAX = 2**63 - 1
 #: The largest (epsilon, delta) budget of a Gaussian mechanism's calibration: far beyond any meaningful
 #: guarantee (the study's frontiers stop at 1,000), where the calibrations still converge (tested).
 MAX_GAUSSIAN_EPSILON = 1e4
-#: The largest epsilon of a local randomiser: its probabilities are exp(epsilon) ratios, which overflow
-#: a float near 709; beyond 100 a randomiser is the identity to within 1e-43 anyway.
-MAX_LOCAL_EPSILON = 100.0
+#: The largest epsilon of a local randomiser: where its computation still holds (tested). LDP-FL's two
+#: values ``(e^eps + 1) / (e^eps - 1)`` overflow a float near 709 (:data:`MAX_LDP_FL_EPSILON`); SignDS-FL's
+#: and FDL's mechanisms work in log-probabilities and noise scales ``1 / eps``, so a huge epsilon (a
+#: mechanism made the identity, as a control) works up to this.
+MAX_LOCAL_EPSILON = 1e16
+MAX_LDP_FL_EPSILON = 700.0
 #: The largest clip norm: 1e9 is DP-FedAvg's "no clipping" in the study; float32 squares of 1e12 still fit.
 MAX_CLIP = 1e12
 
@@ -370,8 +373,8 @@ FIELD_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     **{name: (_between(0, MAX_GAUSSIAN_EPSILON), f"in (0, {MAX_GAUSSIAN_EPSILON:g}]") for name in (
         "dp_epsilon_per_round", "dp_epsilon_total")},
     **{name: (_between(0, MAX_LOCAL_EPSILON), f"in (0, {MAX_LOCAL_EPSILON:g}]") for name in (
-        "ldp_fl_epsilon_per_coordinate", "signds_epsilon_per_round", "fdl_epsilon_per_draw",
-        "fdl_epsilon_per_round")},
+        "signds_epsilon_per_round", "fdl_epsilon_per_draw", "fdl_epsilon_per_round")},
+    "ldp_fl_epsilon_per_coordinate": (_between(0, MAX_LDP_FL_EPSILON), f"in (0, {MAX_LDP_FL_EPSILON:g}]"),
     **{name: (_between(0, MAX_CLIP), f"in (0, {MAX_CLIP:g}]") for name in ("dp_clip", "ldp_clip")},
     "dp_delta": (_between(0, 1, high_open=True), "in (0, 1)"),
     "dp_noise_multiplier": (_between(0, 1e6, low_open=False), "in [0, 1e6]"),

@@ -119,7 +119,7 @@ def verify_checksums(name: str, root: Path | None = None) -> None:
 def data_dir() -> Path:
     """Root of raw downloads: ``$FEDLIB_DATA_DIR``, else ``<repo>/data/raw`` in the study's checkout,
     else the user's cache (``~/.cache/fedlib/data``: fedlib installed on its own)."""
-    from fedlib.results import IN_CHECKOUT, folder_setting, user_cache
+    from fedlib.paths import IN_CHECKOUT, folder_setting, user_cache
 
     return folder_setting("FEDLIB_DATA_DIR") or (REPO_ROOT / "data" / "raw" if IN_CHECKOUT
                                                   else user_cache() / "data")

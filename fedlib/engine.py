@@ -286,6 +286,7 @@ def run_sequential(algo: Algorithm, x: torch.Tensor, y: torch.Tensor, plan: Roun
     client ends with its local randomiser (``releaser.release``, default ``algo``'s) when the
     algorithm has one."""
     releaser = releaser or algo
+    ctx = replace(ctx, owns_state=True)  # the loop keeps only what each step returns
     uploads, new_states, metrics = [], [], []
     for i, k in enumerate(plan.steps):
         cstate = index(cstates, i)

@@ -26,28 +26,7 @@ import torch
 
 from fedlib.config import Config
 from fedlib.kernels import device_options, kernel_settings
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-#: Whether fedlib runs from the study's checkout (its results, data and commit are the repository's), or
-#: installed on its own (``pip install .``: results under the working folder, data in the user's cache).
-IN_CHECKOUT = (REPO_ROOT / "pyproject.toml").is_file() and (REPO_ROOT / "studies").is_dir()
-
-
-def user_cache() -> Path:
-    """``$XDG_CACHE_HOME/fedlib`` (``~/.cache/fedlib``): checkpoints, and the data of an installed fedlib."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fedlib"
-
-
-def folder_setting(name: str) -> Path | None:
-    """The folder an environment setting names, or None when it is not set. Set but empty (or blank),
-    it is refused with one line naming it: ``Path("")`` is the current folder, where a run would
-    otherwise write its results, models, locks and checkpoints without a word (issue 78)."""
-    value = os.environ.get(name)
-    if value is None:
-        return None
-    if not value.strip():
-        raise ValueError(f"{name} is set but empty: set it to a folder, or unset it for the default")
-    return Path(value)
+from fedlib.paths import IN_CHECKOUT, REPO_ROOT, folder_setting, user_cache  # noqa: F401 (re-exported)
 
 
 def results_dir() -> Path:
@@ -172,9 +151,12 @@ def git_commit() -> str:
     build's own outputs under ``data/`` (results, verdicts, timings) differ from it; for fedlib
     installed on its own, ``fedlib <version>``."""
     if not IN_CHECKOUT:
-        from fedlib import __version__
+        from importlib.metadata import PackageNotFoundError, version
 
-        return f"fedlib {__version__}"
+        try:
+            return f"fedlib {version('fedlib')}"
+        except PackageNotFoundError:
+            return "unknown"
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                               text=True, check=True, timeout=10).stdout.strip()

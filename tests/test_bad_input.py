@@ -201,7 +201,7 @@ def test_each_mechanism_runs_at_the_edge_of_its_range(case, tmp_path):
     import math
 
     from fedlib import Config, run
-    from fedlib.config import INT_MAX, MAX_CLIP, MAX_GAUSSIAN_EPSILON, MAX_LOCAL_EPSILON
+    from fedlib.config import INT_MAX, MAX_CLIP, MAX_GAUSSIAN_EPSILON, MAX_LDP_FL_EPSILON, MAX_LOCAL_EPSILON
 
     base = Config(clients=3, train_samples=300, test_samples=100, rounds=2, profile="smoke", momentum=0.0)
     e, le = MAX_GAUSSIAN_EPSILON, MAX_LOCAL_EPSILON
@@ -213,7 +213,7 @@ def test_each_mechanism_runs_at_the_edge_of_its_range(case, tmp_path):
                              dict(algorithm="moon_dpap", dp="record", dp_schedule="constant",
                                   dp_epsilon_total=e),
                              dict(algorithm="moon_dpap", dp="formula", dp_epsilon_per_round=e)],
-        "local epsilon": [dict(algorithm="ldp_fl", ldp_fl_epsilon_per_coordinate=le),
+        "local epsilon": [dict(algorithm="ldp_fl", ldp_fl_epsilon_per_coordinate=MAX_LDP_FL_EPSILON),
                           dict(algorithm="signds_fl", signds_epsilon_per_round=le),
                           dict(algorithm="fdl", fdl_epsilon_per_draw=le),
                           dict(algorithm="fdl", fdl_mode="corrected", fdl_epsilon_per_round=le)],

@@ -143,7 +143,7 @@ def test_config_refuses_ghost_without_record_level_dp_or_in_bfloat16():
         base.replace(dp="central").validate()
     with pytest.raises(ValueError, match="needs precision"):
         base.replace(precision="bfloat16").validate()
-    with pytest.raises(ValueError, match="per_sample or ghost"):
+    with pytest.raises(ValueError, match="dp_grad must be one of per_sample, ghost"):
         base.replace(dp_grad="fast").validate()
 
 

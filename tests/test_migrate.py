@@ -18,7 +18,9 @@ def _old_result(root, config_dict: dict, version: int) -> str:
     d = {
         "config": config_dict,
         "history": [{"round": 1, "test_acc": 0.5, "test_loss": 1.0}],
-        "meta": {"config_key": key},
+        # the provenance every result records (fedlib.results.PROVENANCE)
+        "meta": {"config_key": key, "device": "cpu", "git_commit": "old", "torch": "x",
+                 "seed": config_dict.get("seed", 0), "duration_s": 1.0},
     }
     (root / f"{config_dict['algorithm']}-{key}.json").write_text(json.dumps(d))
     (root / "models").mkdir(exist_ok=True)

@@ -50,6 +50,10 @@ class RoundContext:
     #: True when the engine runs the client functions under ``torch.func.vmap`` (the
     #: vectorized path): gradients must then come from ``torch.func``, not autograd.
     vectorized: bool = False
+    #: True when the caller hands each client state to ``client_step`` and keeps only what it returns
+    #: (the engine's sequential and parallel loops): the step may then update the state in place, the
+    #: same values without an allocation per step. False for any other caller: the step is pure.
+    owns_state: bool = False
 
 
 #: Prefix of the release statistics that travel with a client's metrics (see :meth:`Algorithm.release`).
@@ -246,9 +250,9 @@ class Algorithm:
         grads, loss = self.loss_and_grad(sstate["params"], batch, sstate, cstate, ctx)
         grads = self.correct_grad(grads, sstate, cstate, ctx)
         h = ctx.hyper
-        # off vmap the client state is this client's own (client_init copies the global model): in place
+        # the engine's loops own the state (client_init copied the global model): in place there
         params, mom = sgd_update(sstate["params"], sstate["mom"], grads, h["lr"], h["momentum"],
-                                 h["weight_decay"], in_place=not ctx.vectorized)
+                                 h["weight_decay"], in_place=ctx.owns_state and not ctx.vectorized)
         return {**sstate, "params": params, "mom": mom, "steps": sstate["steps"] + 1,
                 "loss_sum": sstate["loss_sum"] + loss.detach()}
 
