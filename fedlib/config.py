@@ -32,7 +32,7 @@ from typing import Any
 #: results that the change leaves as they were are carried over by ``python -m lab.migrate``
 #: (one rule per version there). 2: privacy noise is floating-point safe, keyed on the whole
 #: config; MOON-DPAP's central noise follows replace-one (sensitivity 2C). 3: privacy budgets
-#: renamed to one meaning each (dp_epsilon, ldp_epsilon split by unit; results unchanged).
+#: renamed to one meaning each (``dp_epsilon``, ``ldp_epsilon`` split by unit; results unchanged).
 #: 4: local randomisers run in each client with generators keyed per client (LDP-FL, SignDS-FL,
 #: FDL draw anew; MOON-DPAP's local noise was already keyed per client), and DP-FedAvg's Poisson
 #: sample is keyed on the whole config. 5: a non-finite update (or per-sample gradient) is zeroed
@@ -337,10 +337,11 @@ INT_MAX = 2**63 - 1
 #: guarantee (the study's frontiers stop at 1,000), where the calibrations still converge (tested).
 MAX_GAUSSIAN_EPSILON = 1e4
 #: The largest epsilon of a local randomiser: where its computation still holds (tested). LDP-FL's two
-#: values ``(e^eps + 1) / (e^eps - 1)`` overflow a float near 709 (:data:`MAX_LDP_FL_EPSILON`); SignDS-FL's
+#: values ``(e^eps + 1) / (e^eps - 1)`` overflow a float near 709 (``MAX_LDP_FL_EPSILON``); SignDS-FL's
 #: and FDL's mechanisms work in log-probabilities and noise scales ``1 / eps``, so a huge epsilon (a
 #: mechanism made the identity, as a control) works up to this.
 MAX_LOCAL_EPSILON = 1e16
+#: LDP-FL's largest epsilon per coordinate: its two values stay finite below ~709.
 MAX_LDP_FL_EPSILON = 700.0
 #: The largest clip norm: 1e9 is DP-FedAvg's "no clipping" in the study; float32 squares of 1e12 still fit.
 MAX_CLIP = 1e12
@@ -355,7 +356,10 @@ def _between(low: float, high: float, low_open: bool = True, high_open: bool = F
 #: Every numeric field's own range, checked in every mode before anything else (issue 78): a value no
 #: mechanism could accept is refused even where the mode set does not read it (``--dp none`` with
 #: ``--dp-delta 5``), and the extremes where a computation would fail are refused by name, not by the
-#: library that fails on them. Cross-field rules (lr_min <= lr, sizes within the data) stay below.
+#: library that fails on them. Cross-field rules (``lr_min <= lr``, sizes within the data) stay below.
+#: Each entry: (test, what the field must be).
+#:
+#: :meta hide-value:
 FIELD_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "seed": (_between(0, INT_MAX, low_open=False), f"an integer in [0, {INT_MAX}]"),
     **{name: (_between(1, INT_MAX, low_open=False), f"an integer in [1, {INT_MAX}]") for name in (
@@ -385,6 +389,8 @@ FIELD_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "signds_threshold": (_between(0.5, 1, low_open=False), "in [0.5, 1]"),
 }
 #: Fields with a fixed set of values, checked in every mode too.
+#:
+#: :meta hide-value:
 FIELD_CHOICES = {"dp_schedule": ("paper", "constant"), "dp_grad": ("per_sample", "ghost"),
                  "fdl_mode": ("as_published", "corrected")}
 

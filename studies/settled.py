@@ -53,9 +53,10 @@ def reader_label(label) -> str:
 
 
 def larger_profile_rows(runs: Runs, label_name: str = "runs") -> pd.DataFrame:
-    """One row per label of runs graded at a larger profile than their page's: what ran (model,
-    rounds, seeds, device) and the final test accuracy (mean and standard deviation over the seeds, and
-    the 95 % t-interval of the mean), each row labelled with its profile, for a page to show."""
+    """One row per label of runs graded at a larger profile than their page's: its profile, seeds and
+    device, and the final test accuracy (mean over the seeds and its 95 % t-interval), for a page to
+    show (the profile's setting is the page's header's at ``paper``; few columns, so that none is
+    squeezed below its words)."""
     from studies.claims import mean_ci
 
     rows = []
@@ -64,10 +65,8 @@ def larger_profile_rows(runs: Runs, label_name: str = "runs") -> pd.DataFrame:
         acc = np.array([100 * r.final["test_acc"] for r in rs])
         devices = sorted({str(r.meta.get("device", "?")).split(" ")[0] for r in rs})
         _, lo, hi = mean_ci(acc)
-        rows.append({label_name: reader_label(label), "profile": c.profile,
-                     "model": c.model, "rounds": c.rounds, "seeds": len(rs),
+        rows.append({label_name: reader_label(label), "profile": c.profile, "seeds": len(rs),
                      "final accuracy (%)": float(acc.mean()),
-                     "std": float(acc.std(ddof=1)) if len(acc) > 1 else float("nan"),
                      "95 % interval": f"[{lo:.2f}, {hi:.2f}]" if np.isfinite(lo) else "one seed",
                      "device": ", ".join(devices)})
     return pd.DataFrame(rows)

@@ -330,23 +330,38 @@ def plot_sweep(ax, table: pd.DataFrame, field: str, xlabel: str) -> None:
     ax.grid(alpha=0.3, which="both")
 
 
-def crossings(table: pd.DataFrame, field: str) -> dict[str, float | None]:
-    """Per unit, the smallest value of ``field`` in ``table`` at which its ratio is below 1 (None:
-    nowhere on the grid)."""
-    out = {}
-    for unit in UNITS:
-        t = table[(table["unit"] == unit) & (table["noise / signal"] < 1)].sort_values(field)
-        out[unit] = float(t[field].iloc[0]) if len(t) else None
-    return out
+def below_signal(table: pd.DataFrame, field: str, unit: str) -> list[tuple[float, float]]:
+    """The stretches of ``field``'s grid (first and last value of each) where ``unit``'s ratio is below 1:
+    a ratio need not fall monotonically (record-level DP-SGD with more clients has fewer records each)."""
+    t = table[table["unit"] == unit].sort_values(field)
+    runs: list[tuple[float, float]] = []
+    start = last = None
+    for value, below in zip(t[field], t["noise / signal"] < 1, strict=True):
+        if below:
+            start = value if start is None else start
+            last = value
+        elif start is not None:
+            runs.append((start, last))
+            start = None
+    if start is not None:
+        runs.append((start, last))
+    return runs
 
 
 def crossings_sentence(table: pd.DataFrame, field: str, what: str) -> str:
-    """Where each unit's noise falls below the signal on the grid of ``field``, in words."""
+    """Where on the grid of ``field`` each unit's noise is below the largest signal, in words."""
+    values = sorted(table[field].unique())
     parts = []
-    for unit, at in crossings(table, field).items():
-        name = UNITS[unit].name
-        parts.append(f"{name} from {what} = {at:,.0f}" if at is not None else f"{name} nowhere on this grid")
-    return "The noise falls below the largest signal for " + "; ".join(parts) + "."
+    for unit, u in UNITS.items():
+        runs = below_signal(table, field, unit)
+        if not runs:
+            parts.append(f"{u.name}: nowhere on this grid")
+        elif runs == [(values[0], values[-1])]:
+            parts.append(f"{u.name}: everywhere on this grid")
+        else:
+            spans = [f"{a:,.6g}" if a == b else f"{a:,.6g} to {b:,.6g}" for a, b in runs]
+            parts.append(f"{u.name}: at {what} = {' and '.join(spans)}")
+    return "The noise is below the largest signal for " + "; ".join(parts) + "."
 
 
 def committed_on_grid(runs: pd.DataFrame) -> dict[tuple, str]:

@@ -59,3 +59,19 @@ def test_the_explorer_shows_the_accountants_values_for_a_sample_of_settings(monk
                 & (frame["epsilon"] == 10.0)]
     assert hit["line6"].iloc[0] == "committed: a run"
     assert (frame["line6"] == "no committed run at this setting").sum() == len(frame) - 1
+
+
+def test_the_crossing_sentence_reads_stretches_not_a_first_point():
+    """A ratio need not fall monotonically (record-level DP-SGD with more clients has fewer records
+    each): the page names every stretch of the grid where a unit's noise is below the signal."""
+    import pandas as pd
+
+    ratios = {"record": (0.5, 0.8, 2.0, 0.9), "central": (9, 5, 2, 0.5), "local": (9, 9, 9, 9),
+              "report": (0.1, 0.1, 0.1, 0.1)}
+    table = pd.DataFrame([{"unit": u, "n": n, "noise / signal": r} for u in units.UNITS
+                          for n, r in zip((10, 100, 1000, 10000), ratios[u], strict=True)])
+    assert units.below_signal(table, "n", "record") == [(10, 100), (10000, 10000)]
+    sentence = units.crossings_sentence(table, "n", "n")
+    assert "record-level DP-SGD: at n = 10 to 100 and 10,000" in sentence
+    assert "client-level, central: at n = 10,000" in sentence and "client-level, local: nowhere" in sentence
+    assert "local DP on the reports: everywhere" in sentence

@@ -122,10 +122,11 @@ def collapse_of(result) -> dict:
 
 
 def paper_grid_table(runs: Runs) -> pd.DataFrame:
-    """The paper grid (:func:`paper_grid`) in ``runs``: per (lr, C), the noise it runs under (sigma,
-    lr sigma C / B per step), its validation accuracy at its last round and at its best, its weights'
-    norm and dead units at the end, and whether it collapsed (rounds predicting one class, the first);
-    the choice (:func:`paper_grid_choice`) marked."""
+    """The paper grid (:func:`paper_grid`) in ``runs``: per (lr, C), the noise it runs under (lr sigma
+    C / B per step; sigma and the rounds are the grid's, :func:`paper_grid_context`), its validation
+    accuracy at its last round and at its best, its weights' norm and dead units at the end, and whether
+    it collapsed (rounds predicting one class, from which); the choice (:func:`paper_grid_choice`)
+    marked."""
     rows = []
     for label, rs in runs.results.items():
         if not (isinstance(label, tuple) and label and label[0] == "paper grid"):
@@ -136,13 +137,12 @@ def paper_grid_table(runs: Runs) -> pd.DataFrame:
         col = collapse_of(r)
         rows.append({"learning rate": label[1], "clip C": label[2],
                      "noise per step (lr sigma C / B)": label[1] * sigma * label[2] / r.config.batch_size,
-                     "sigma": sigma, "rounds": f"{r.config.rounds_run} of {r.config.rounds}",
                      "validation accuracy (%)": 100 * evaluated[-1]["test_acc"],
                      "best (%)": 100 * max(h["test_acc"] for h in evaluated),
                      "weight norm": evaluated[-1].get("weight_norm", float("nan")),
                      "dead units (%)": 100 * evaluated[-1].get("dead_units", float("nan")),
                      "collapsed rounds": col["rounds"],
-                     "first collapsed round": col["first_round"] or "none"})
+                     "collapse": f"from round {col['first_round']}" if col["first_round"] else "none"})
     if not rows:
         return pd.DataFrame(rows)
     table = pd.DataFrame(rows).sort_values(["learning rate", "clip C"]).reset_index(drop=True)
@@ -155,6 +155,18 @@ def paper_grid_table(runs: Runs) -> pd.DataFrame:
 #: collapsed to a constant predictor (a collapse does not come back, so a collapsed setting is out).
 PAPER_GRID_RULE = ("the highest validation accuracy at the grid's last round among the settings that never "
                    "collapsed to a constant predictor")
+
+
+def paper_grid_context(runs: Runs) -> str:
+    """What every run of the paper grid shares, in words: its sigma and the rounds it trains of the run."""
+    rs = [rs[0] for label, rs in runs.results.items() if isinstance(label, tuple) and label
+          and label[0] == "paper grid"]
+    if not rs:
+        return ""
+    r = rs[0]
+    return (f"Every setting trains the first {r.config.rounds_run} of the run's {r.config.rounds} rounds at "
+            f"sigma = {r.history[0].get('noise_multiplier', float('nan')):.3g} (epsilon "
+            f"{r.config.dp_epsilon_total:g} over the whole run, delta {r.config.dp_delta:g}).")
 
 
 def paper_grid_choice(table: pd.DataFrame) -> tuple[float, float] | None:
