@@ -69,10 +69,11 @@ def claim_runs(profile: str, n_seeds: int | None = None) -> list[tuple[str, str,
     for page, fn in needs.items():
         cs = fns[page](profile, n_seeds)
         for n in fn(cs):
-            unknown = [label for label in n.labels if label not in cs]
+            labels = (*n.labels, *n.optional)
+            unknown = [label for label in labels if label not in cs]
             if unknown:
                 raise KeyError(f"{page}: claim {n.claim!r} names runs the page does not have: {unknown}")
-            out.append((PAPER_NAMES[page_study(page)], page, n, [c for label in n.labels for c in cs[label]]))
+            out.append((PAPER_NAMES[page_study(page)], page, n, [c for label in labels for c in cs[label]]))
     return out
 
 

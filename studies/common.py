@@ -164,6 +164,10 @@ class Needs:
     #: ahead of X decides it): a larger profile's runs grade it once two labels are complete there,
     #: when they refute it (:func:`studies.settled.settled_beyond`).
     refutable: bool = False
+    #: Runs the claim's grading uses when they are complete (a control, the grid that tunes a setting),
+    #: which the campaign trains with the claim (first, when it is deciding) but which the claim does not
+    #: wait for: it is graded at a larger profile once ``labels`` are complete there.
+    optional: tuple[Hashable, ...] = ()
 
 
 @dataclass

@@ -34,7 +34,7 @@ def settled_beyond(page: str, profile: str, larger: str = "paper", **params) -> 
     # (the page's rule keeps it only when those runs refute it)
     settled += [n for n in needs if n.refutable and n not in settled
                 and len(complete & set(n.labels)) >= 2 and n.labels[0] in complete]
-    labels = dict.fromkeys(label for n in settled for label in n.labels if label in complete)
+    labels = dict.fromkeys(label for n in settled for label in (*n.labels, *n.optional) if label in complete)
     return Runs({label: found[label] for label in labels}), [n.claim for n in settled]
 
 
