@@ -44,6 +44,11 @@ def reader_label(label) -> str:
     :func:`studies.numbers.number` writes it (an infinite budget as ∞)."""
     from studies.claims import METHOD_NAMES
 
+    if isinstance(label, tuple) and len(label) == 3 and label[0] == "paper grid":
+        return f"paper grid: lr {label[1]:g}, C = {label[2]:g} (its validation split, its first rounds)"
+    if isinstance(label, str) and " (" in label and label.split(" (", 1)[0] in METHOD_NAMES:
+        method, rest = label.split(" (", 1)
+        return f"{METHOD_NAMES[method]} ({rest}"
     if isinstance(label, tuple):
         return ", ".join(METHOD_NAMES.get(p, number(p)) if isinstance(p, str) else number(p) for p in label)
     if isinstance(label, str) and "|" in label:
@@ -57,7 +62,7 @@ def larger_profile_rows(runs: Runs, label_name: str = "runs") -> pd.DataFrame:
     device, and the final test accuracy (mean over the seeds and its 95 % t-interval), for a page to
     show (the profile's setting is the page's header's at ``paper``; few columns, so that none is
     squeezed below its words)."""
-    from studies.claims import mean_ci
+    from studies.claims import mean_ci, seeds_at_chance
 
     rows = []
     for label, rs in runs.results.items():
@@ -65,9 +70,12 @@ def larger_profile_rows(runs: Runs, label_name: str = "runs") -> pd.DataFrame:
         acc = np.array([100 * r.final["test_acc"] for r in rs])
         devices = sorted({str(r.meta.get("device", "?")).split(" ")[0] for r in rs})
         _, lo, hi = mean_ci(acc)
+        split = seeds_at_chance(acc, 10.0)  # an interval over seeds that collapsed and seeds that learned
+        interval = ("seeds split: " + ", ".join(f"{a:.1f}" for a in acc)) if split else (
+            f"[{lo:.2f}, {hi:.2f}]" if np.isfinite(lo) else "one seed")
         rows.append({label_name: reader_label(label), "profile": c.profile, "seeds": len(rs),
                      "final accuracy (%)": float(acc.mean()),
-                     "95 % interval": f"[{lo:.2f}, {hi:.2f}]" if np.isfinite(lo) else "one seed",
+                     "95 % interval": interval,
                      "device": ", ".join(devices)})
     return pd.DataFrame(rows)
 
