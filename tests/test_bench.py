@@ -154,6 +154,7 @@ def test_matmul_peak_on_one_thread_restores_the_thread_count():
     assert torch.get_num_threads() == before
 
 
+@pytest.mark.e2e  # a whole make-bench scale run (~15 s): make test-full
 def test_scale_figures_and_saved_provenance(tmp_path):
     cfg = Config(clients=4, train_samples=240, test_samples=100, rounds=2, partition="iid")
     tiny_paper = dict(bench.PAPER_SCALE, train_samples=240, test_samples=100, clients=4)

@@ -61,10 +61,16 @@ def test_fedavg_one_client_equals_plain_sgd():
         torch.testing.assert_close(exp.gparams[name], p.detach(), atol=ATOL64, rtol=0)
 
 
+# fedavg and moon_dpap (the plainest and the fullest) in make test; the other four (~40 s) in test-full
+_HEAVY = pytest.mark.heavy
+
+
 @pytest.mark.parametrize(("algorithm", "changes"), [
-    ("fedavg", {"dropout": 0.3}), ("scaffold", {}), ("moon", {"dropout": 0.3}), ("ditto", {}),
-    ("feddyn", {}), ("moon_dpap", {"cosine_lr": True, "prune": True, "dropout": 0.2, "dp": "central",
-                                   "dp_epsilon_per_round": 50.0, "dp_clip": 1.0, "client_fraction": 1.0})])
+    ("fedavg", {"dropout": 0.3}), pytest.param("scaffold", {}, marks=_HEAVY),
+    pytest.param("moon", {"dropout": 0.3}, marks=_HEAVY), pytest.param("ditto", {}, marks=_HEAVY),
+    pytest.param("feddyn", {}, marks=_HEAVY),
+    ("moon_dpap", {"cosine_lr": True, "prune": True, "dropout": 0.2, "dp": "central",
+                   "dp_epsilon_per_round": 50.0, "dp_clip": 1.0, "client_fraction": 1.0})])
 def test_paths_and_lanes_agree_in_float64(tmp_path, restore_kernels, algorithm, changes):
     """Every path and lane layout, and the vectorized path with its convolutions as batched matrix
     multiplies (``lane_conv="im2col"``, issue 37 item 4), trains the sequential reference's model."""

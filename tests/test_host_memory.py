@@ -76,6 +76,7 @@ def test_freed_memory_is_reused_instead_of_mapped_afresh():
         assert reuse["state"] == "unavailable"
 
 
+@pytest.mark.heavy  # two training runs (~20 s): make test-full
 def test_training_gives_the_same_bits_with_and_without_reuse():
     """Where memory comes from is not arithmetic: the same run, trained with freed memory kept and
     with glibc's own behaviour, ends with bit-identical models on both CPU engine paths."""

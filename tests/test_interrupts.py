@@ -44,6 +44,7 @@ def test_an_interrupted_run_says_one_line_and_keeps_its_checkpoint(tmp_path, eng
     assert not list(ckpts.glob(".*.tmp")) and not list((tmp_path / "results").glob(".*.tmp"))
 
 
+@pytest.mark.e2e  # ~25 s of subprocesses: make test-full
 def test_a_closed_pipe_ends_quietly():
     proc = subprocess.run(f"{sys.executable} -m lab.campaign plan --profile smoke | head -1", shell=True,
                           cwd=ROOT, capture_output=True, text=True, timeout=300)

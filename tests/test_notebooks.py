@@ -221,7 +221,8 @@ def test_make_book_installs_what_the_notebooks_import():
     assert "notebooks" in _make_prerequisites("book")
 
 
-@pytest.mark.parametrize("page", ["dpfl_teaching", "units_of_privacy"])
+# the units page's cell takes ~35 s (it trains): make test-full runs it; the DP-FL page's in make test
+@pytest.mark.parametrize("page", ["dpfl_teaching", pytest.param("units_of_privacy", marks=pytest.mark.e2e)])
 def test_the_teaching_pages_laptop_cell_runs_copied_alone_into_a_fresh_interpreter(tmp_path, page):
     """Issues 77 and 79: "One minute on a laptop" holds its own imports and trains for real (never a
     stored result), so a reader can copy it alone into a fresh Python session."""

@@ -447,6 +447,7 @@ def test_the_record_level_tuning_grid_never_reads_the_test_set(monkeypatch, tmp_
         data_mod.load(cfg.dataset, train_samples=cfg.train_samples, seed=0)  # a plain run would
 
 
+@pytest.mark.heavy  # partitions the paper profile for several seeds (~20 s): make test-full
 def test_the_paper_grid_runs_the_paper_horizon_on_a_validation_split_and_its_partition_is_the_noisiest():
     """Issue 74: the paper grid runs the paper profile's own 200-round schedule (its first rounds), never
     reads the test set (a hold-out of the training images instead), and trains on the first partition
