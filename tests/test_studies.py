@@ -490,3 +490,28 @@ def test_the_stated_record_level_choice_is_the_committed_grids_best():
     table = mp.grid_table(Runs(found))
     assert len(table) == len(ms.RECORD_GRID["lr"]) * len(ms.RECORD_GRID["dp_clip"])
     assert mp.grid_choice(table) == (ms.RECORD_TUNED["lr"], ms.RECORD_TUNED["dp_clip"])
+
+
+def test_the_stated_paper_record_level_choice_is_the_committed_paper_grids_choice(monkeypatch):
+    """Issue 74: the (lr, C) the record-level reading trains at ``paper`` is what the committed paper
+    grid's rule picks (never collapsed, highest validation accuracy at its last round), and the quick
+    grid's choice stays beside it at paper only."""
+    from fedlib.results import REPO_ROOT
+    from studies.moon_dpap import pages as mp
+    from studies.moon_dpap import settings as ms
+
+    monkeypatch.setenv("FEDLIB_RESULTS_DIR", str(REPO_ROOT / "data" / "results"))  # read, never written
+    runs = mp.paper_grid_runs()
+    assert len(runs.results) == len(ms.PAPER_GRID["lr"]) * len(ms.PAPER_GRID["dp_clip"]), (
+        "the paper grid must be committed")
+    choice = mp.paper_grid_choice(mp.paper_grid_table(runs))
+    assert choice == (ms.RECORD_TUNED_PAPER["lr"], ms.RECORD_TUNED_PAPER["dp_clip"])
+    for s in range(3):
+        cfg = mp.record_tuned("paper", s)
+        assert (cfg.lr, cfg.dp_clip) == choice and cfg.lr_min == cfg.lr / 10
+    assert (mp.record_tuned("quick", 0).lr, mp.record_tuned("quick", 0).dp_clip) == (
+        ms.RECORD_TUNED["lr"], ms.RECORD_TUNED["dp_clip"])
+    assert mp.RECORD_QUICK_CHOICE_LABEL in mp.fig2("paper")
+    assert mp.RECORD_QUICK_CHOICE_LABEL not in mp.fig2("quick")
+    assert mp.record_dp("paper")["lr"] == choice[0]
+    assert mp.quick_choice_at_paper().startswith("at the quick grid's choice (learning rate 0.2, C = 5)")

@@ -23,6 +23,7 @@ from studies.moon_dpap.settings import (
     RECORD_GRID,
     RECORD_GRID_EPSILON,
     RECORD_TUNED,
+    RECORD_TUNED_PAPER,
     RECORD_VALIDATION,
     SCALES,
     TABLE1_METHODS,
@@ -58,6 +59,9 @@ FORMULA = "moon_dpap (formula in circulation)"
 #: The formula's control (issue 74): the same per-sample clip and path, no noise: what the clip alone costs.
 FORMULA_NOISE_OFF = "moon_dpap (formula's clip, no noise)"
 RECORD_TUNED_LABEL = "moon_dpap (record-level, tuned)"
+#: At ``paper``: the record-level runs at the quick grid's choice, which collapsed there (issue 74), kept
+#: beside the runs at the paper grid's choice so that a reader sees what tuning at the horizon changed.
+RECORD_QUICK_CHOICE_LABEL = "moon_dpap (record-level, quick grid's choice)"
 
 
 def grid_profile(profile: str) -> str:
@@ -91,15 +95,39 @@ def paper_grid(profile: str) -> ConfigSet:
         for lr in PAPER_GRID["lr"] for clip in PAPER_GRID["dp_clip"]}
 
 
-def paper_grid_runs() -> Runs:
-    """The paper grid's committed results (:func:`paper_grid`), loaded, never trained: a page rendered at
-    a smaller profile shows what the campaign has trained of it (labels with a result only)."""
+def _committed(cs: ConfigSet) -> Runs:
+    """The results of ``cs`` already written (committed or trained here), loaded, never trained: labels
+    whose every config has a result."""
     from fedlib.results import load_cached
     from studies.common import read_roots, write_root
 
     roots = [*read_roots(), write_root()]
-    found = {label: load_cached(cs[0], roots) for label, cs in paper_grid("paper").items()}
-    return Runs({label: [r] for label, r in found.items() if r is not None})
+    found = {label: [load_cached(c, roots) for c in configs] for label, configs in cs.items()}
+    return Runs({label: rs for label, rs in found.items() if rs and all(r is not None for r in rs)})
+
+
+def paper_grid_runs() -> Runs:
+    """The paper grid's committed results (:func:`paper_grid`), loaded, never trained: a page rendered at
+    a smaller profile shows what the campaign has trained of it (labels with a result only)."""
+    return _committed(paper_grid("paper"))
+
+
+def quick_choice_at_paper() -> str:
+    """What the quick grid's choice did at ``paper`` (issue 74), in words from its committed runs
+    (:data:`RECORD_QUICK_CHOICE_LABEL`): its setting, how many seeds collapsed and the weights' norm at
+    the end (plain text: it is glued into the page's prose)."""
+    label = RECORD_QUICK_CHOICE_LABEL
+    runs = _committed({label: fig2("paper")[label]})
+    if label not in runs.results:
+        return "the quick grid's choice is not trained at the paper's scale yet"
+    rs = runs.results[label]
+    bad = [r for r in rs if collapse_of(r)["rounds"]]
+    norms = [r.history[-1].get("weight_norm") for r in rs if r.history[-1].get("weight_norm")]
+    c = rs[0].config
+    return (f"at the quick grid's choice (learning rate {c.lr:g}, C = {c.dp_clip:g}) "
+            + (f"the weights reached norm {min(norms):.0f}-{max(norms):.0f} over {c.rounds_run} rounds and "
+               if norms else "")
+            + f"{len(bad)} of {len(rs)} seeds collapsed to a model that predicts one class")
 
 
 def collapse_of(result) -> dict:
@@ -217,9 +245,18 @@ def tuned_dp(lr: float, clip: float) -> dict:
             "lr": lr, "lr_min": lr / 10}
 
 
+def record_setting(profile: str) -> dict:
+    """The (lr, C) record-level DP-SGD trains at ``profile``: at ``paper`` the paper grid's choice
+    (:data:`~studies.moon_dpap.settings.RECORD_TUNED_PAPER`, tuned at the horizon it runs, issue 74),
+    elsewhere the quick grid's (:data:`~studies.moon_dpap.settings.RECORD_TUNED`)."""
+    return RECORD_TUNED_PAPER if profile == "paper" else RECORD_TUNED
+
+
 def record_tuned(profile: str, seed: int) -> Config:
-    """Record-level DP-SGD at the grid's choice, at ``profile``, spending the grid's epsilon."""
-    return config_for("moon_dpap", profile, seed, **tuned_dp(RECORD_TUNED["lr"], RECORD_TUNED["dp_clip"]))
+    """Record-level DP-SGD at ``profile``'s tuned setting (:func:`record_setting`), spending the grid's
+    epsilon."""
+    s = record_setting(profile)
+    return config_for("moon_dpap", profile, seed, **tuned_dp(s["lr"], s["dp_clip"]))
 
 
 def fig2(profile: str, n_seeds: int | None = None, eps0: float = 1.0, clip: float = 0.5) -> ConfigSet:
@@ -235,6 +272,10 @@ def fig2(profile: str, n_seeds: int | None = None, eps0: float = 1.0, clip: floa
         FORMULA_NOISE_OFF: [config_for("moon_dpap", profile, s, **FORMULA_DP, dp_epsilon_per_round=eps0,
                                        dp_noise_free=True) for s in seeds],
         RECORD_TUNED_LABEL: [record_tuned(profile, s) for s in seeds],
+        # at paper, the quick grid's choice beside it: the runs that collapsed (issue 74)
+        **({RECORD_QUICK_CHOICE_LABEL: [
+            config_for("moon_dpap", profile, s, **tuned_dp(RECORD_TUNED["lr"], RECORD_TUNED["dp_clip"]))
+            for s in seeds]} if profile == "paper" else {}),
         # the quick tuning grid runs at a reduced scale: the quick page trains it, the paper page reads it;
         # the paper grid runs at the paper's horizon (its first rounds): the paper page trains it
         **(record_grid(profile) if profile != "paper" else {}),
@@ -285,10 +326,11 @@ RECORD_DP = dict(dp="record", dp_delta=1e-5, dp_schedule="constant", dp_clip=1.0
 
 def record_dp(profile: str) -> dict:
     """Record-level DP-SGD of the frontiers at ``profile`` (issue 79): the tuned learning rate and clip
-    (:data:`~studies.moon_dpap.settings.RECORD_TUNED`, :func:`tuned_dp`; at the paper's lr 0.005 with
+    (:func:`record_setting`, :func:`tuned_dp`; at the paper's lr 0.005 with
     C = 1 the record-level runs barely train, so a frontier of them measures the learning rate, not the
     noise), ghost clipping, each point's total epsilon set by the frontier."""
-    dp = tuned_dp(RECORD_TUNED["lr"], RECORD_TUNED["dp_clip"])
+    s = record_setting(profile)
+    dp = tuned_dp(s["lr"], s["dp_clip"])
     return {k: v for k, v in dp.items() if k != "dp_epsilon_total"}
 
 
@@ -621,19 +663,32 @@ def readings_of_fig2(runs: Runs, cfg: Config, chance_pct: float = 10.0) -> pd.Da
 
     runs_of = {READINGS["central"].name: CENTRAL, READINGS["record"].name: RECORD_TUNED_LABEL,
                READINGS["formula"].name: FORMULA}
+
+    def ended(label) -> tuple[str, str]:
+        a = np.array(runs.by_seed(label))
+        split = seeds_at_chance(a, chance_pct)
+        acc = (f"{a.mean():.1f} ± {a.std(ddof=1) if len(a) > 1 else 0.0:.1f} ({len(a)} seeds)"
+               + (f" — {split}" if split else ""))
+        e = runs.results[label][0].history[-1].get("epsilon_spent")
+        return acc, (f"{e:.2f}" if e is not None else "none (no valid guarantee)")
+
     rows = []
     for reading in READINGS.values():
         label = runs_of.get(reading.name)
         acc, eps = "no runs (analytic: the central reading's noise times sqrt(m))", ""
         if label in runs.results:
-            a = np.array(runs.by_seed(label))
-            split = seeds_at_chance(a, chance_pct)
-            acc = (f"{a.mean():.1f} ± {a.std(ddof=1) if len(a) > 1 else 0.0:.1f} ({len(a)} seeds)"
-                   + (f" — {split}" if split else ""))
-            e = runs.results[label][0].history[-1].get("epsilon_spent")
-            eps = f"{e:.2f}" if e is not None else "none (no valid guarantee)"
+            acc, eps = ended(label)
+        elif label == RECORD_TUNED_LABEL:
+            acc = "not trained yet at this profile"
         rows.append({"reading": reading.name, "protects (relation)": reading.relation,
                      "guarantee": reading.guarantee, "final accuracy (%)": acc, "epsilon (delta 1e-5)": eps})
+        if label == RECORD_TUNED_LABEL and RECORD_QUICK_CHOICE_LABEL in runs.results:
+            c = runs.results[RECORD_QUICK_CHOICE_LABEL][0].config
+            acc, eps = ended(RECORD_QUICK_CHOICE_LABEL)
+            name = f"{reading.name} at the quick grid's choice (lr {c.lr:g}, C = {c.dp_clip:g})"
+            rows.append({"reading": name,
+                         "protects (relation)": reading.relation, "guarantee": reading.guarantee,
+                         "final accuracy (%)": acc, "epsilon (delta 1e-5)": eps})
     return pd.DataFrame(rows)
 
 
@@ -675,12 +730,14 @@ def curve_words(table: pd.DataFrame, no_dp_pct: float) -> list[str]:
 
 
 def frontier_figure_markdown(table: pd.DataFrame, no_dp_pct: float, clip_acc: dict, clip_epsilon: float,
-                             glued: str) -> str:
+                             glued: str, profile: str = "quick") -> str:
     """The MyST of the frontier page's figure, its alt text and caption written from the data
-    (:func:`curve_words`; ``clip_acc``: clip norm -> mean accuracy at ``clip_epsilon``), issue 79."""
+    (:func:`curve_words`; ``clip_acc``: clip norm -> mean accuracy at ``clip_epsilon``; ``profile``: the
+    page's, whose tuned record-level setting the caption names), issue 79."""
     words = "; ".join(curve_words(table, no_dp_pct))
     clips = ", ".join(f"{a:.0f} % at C = {c:g}" for c, a in clip_acc.items())
-    tuned = f"learning rate {RECORD_TUNED['lr']:g} and clip $C$ = {RECORD_TUNED['dp_clip']:g}"
+    s = record_setting(profile)
+    tuned = f"learning rate {s['lr']:g} and clip $C$ = {s['dp_clip']:g}"
     alt = (f"Left: final accuracy against the total epsilon on a log axis for client-level and record-level "
            f"DP: {words}; horizontal lines mark no DP, the paper's 77 % and chance. Right: client-level "
            f"accuracy against the clip norm at epsilon {clip_epsilon:g}: {clips}.")
