@@ -35,8 +35,9 @@ from fedlib.results import REPO_ROOT, git_commit, write_json_unless_stamps_only
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 CHAPTERS = REPO_ROOT / "book" / "chapters"
-#: Pages that summarise the others: executed last, in this order.
-SUMMARY_PAGES = ("rerun", "ledger")
+#: Pages that summarise the others (they read the verdicts every other page records): executed last,
+#: in this order, after every other page has finished (the smoke book runs the others two at a time).
+SUMMARY_PAGES = ("summary", "rerun", "ledger")
 #: Pages that show fedlib at work rather than a paper's runs: the book executes them at ``smoke``
 #: whatever the profile of the rest (they train for real, in seconds, so their code cannot go stale).
 SMOKE_PAGES = ("fedlib_own_code",)

@@ -175,7 +175,8 @@ def test_smoke_runs_issue_no_evidential_verdict(smoke_book):
 
     book, errors = smoke_book
     table = ledger.collect(book.parent / "data" / "verdicts")
-    assert len(table) > 20 and set(table["profile"]) == {"smoke"}
+    # every row graded at smoke, besides analytic rows (computed from the settings, no runs: issue 74)
+    assert len(table) > 20 and set(table["profile"]) - {"analytic"} == {"smoke"}
     trained = table[~table["page"].isin(ANALYTIC_PAGES)]
     assert not trained["verdict"].isin(EVIDENCE).any(), trained[trained["verdict"].isin(EVIDENCE)]
     assert table["verdict"].map(type).eq(Verdict).all()
