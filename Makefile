@@ -70,7 +70,7 @@ book: chromium notebooks
 	@echo "book: $(CURDIR)/book/_build/html/index.html"
 
 # ---- tests ------------------------------------------------------------------------------
-# make test: one test of every module and mechanism (about 7 minutes of pytest on 2 cores; the time
+# make test: one test of every module and mechanism (about 8-9 minutes of pytest on 2 cores; the time
 # is printed). make test-full: the rest (slow end-to-end checks and heavy statistical audits);
 # .ci/run runs both.
 test: $(DATA_STAMP) $(FLOWER_STAMP)

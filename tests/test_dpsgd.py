@@ -181,7 +181,8 @@ def test_run_accountant_matches_dp_accounting_and_pld_is_tighter():
     assert pld < ours
 
 
-@pytest.mark.parametrize("step_noise", ["generator", "counter"])
+# the counter noise (the default) in make test; the generator noise in test-full
+@pytest.mark.parametrize("step_noise", [pytest.param("generator", marks=pytest.mark.heavy), "counter"])
 def test_engine_paths_agree_and_the_result_records_the_calibration(tmp_path, restore_kernels, step_noise):
     """Per-sample clipping, Poisson batches and noise draws agree on every engine path (float64),
     with either way of drawing the step noise (``counter``: the vectorized path draws every lane's

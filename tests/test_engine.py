@@ -103,7 +103,10 @@ LOCAL_DP = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(LOCAL_DP))
+# MOON-DPAP's local reading (~15 s; its noise draws are also checked in test_noise_independence) in
+# test-full, the four local-DP algorithms in make test
+@pytest.mark.parametrize("case", [pytest.param(k, marks=pytest.mark.heavy) if k == "moon_dpap_local" else k
+                                  for k in sorted(LOCAL_DP)])
 def test_local_randomisers_draw_the_same_noise_on_every_path(tmp_path, case):
     """Each client randomises its own upload with generators keyed on (config, round, client): the
     sequential loop, the parallel workers and the vectorized path (after its vmapped steps) release
@@ -233,7 +236,8 @@ def test_balance_assigns_every_client_once():
     assert balance([4], 3) == [[0]]
 
 
-@pytest.mark.parametrize("engine", ["vectorized", "sequential"])
+# the vectorized batch in make test; the sequential one (~9 s) in test-full
+@pytest.mark.parametrize("engine", ["vectorized", pytest.param("sequential", marks=pytest.mark.heavy)])
 def test_run_batch_equals_each_run_alone(tmp_path, engine):
     """Three runs (two seeds, and a third with another learning rate and Dirichlet alpha)
     trained as one run batch write the same results as each trained alone."""

@@ -34,8 +34,11 @@ def _stopped(tmp_path: Path, engine: str, sig: int) -> tuple[int, list[str], Pat
     return proc.returncode, [line for line in err.splitlines() if line.strip()], ckpts
 
 
-@pytest.mark.parametrize("engine", ["sequential", "parallel"])
-@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+# each signal on one engine in make test; the other two pairs (~11 s) in test-full
+@pytest.mark.parametrize(("sig", "code", "engine"), [
+    (signal.SIGINT, 130, "sequential"), (signal.SIGTERM, 143, "parallel"),
+    pytest.param(signal.SIGINT, 130, "parallel", marks=pytest.mark.heavy),
+    pytest.param(signal.SIGTERM, 143, "sequential", marks=pytest.mark.heavy)])
 def test_an_interrupted_run_says_one_line_and_keeps_its_checkpoint(tmp_path, engine, sig, code):
     rc, err, ckpts = _stopped(tmp_path, engine, sig)
     assert rc == code, err

@@ -74,6 +74,7 @@ def test_a_page_kernel_starts_without_the_unencrypted_transport_warning(tmp_path
         assert "without encryption" not in capfd.readouterr().err
 
 
+@pytest.mark.e2e  # executes a page (~12 s): make test-full
 def test_a_rerun_outside_the_book_changes_no_tracked_file(tmp_path, monkeypatch):
     """A rerun with other parameters, as the rerun page says, writes to the scratch folder."""
     monkeypatch.delenv("FEDLIB_RESULTS_DIR", raising=False)
