@@ -270,6 +270,15 @@ class MissingResults(RuntimeError):
     """A page rendered from committed results only needs a result that is not there."""
 
 
+def committed_runs(configs: ConfigSet) -> Runs:
+    """The results of ``configs`` already written (committed, or trained here), loaded, never trained:
+    the labels whose every seed has a result (a page shows what the campaign has trained of a larger
+    profile's runs)."""
+    roots = [*read_roots(), write_root()]
+    found = {label: [load_cached(c, roots) for c in cs] for label, cs in configs.items()}
+    return Runs({label: rs for label, rs in found.items() if rs and all(r is not None for r in rs)})
+
+
 def run_all(configs: ConfigSet, progress: bool = False, engine: str = "auto") -> Runs:
     """Run (or load) every config; the seeds of one label go to the engine as one run batch.
     Committed results are reused (with every further seed present for all labels); new ones go to

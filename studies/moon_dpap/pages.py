@@ -12,7 +12,7 @@ import pandas as pd
 from fedlib.algorithms.moon_dpap import noise_multipliers, total_epsilon
 from fedlib.config import Config
 from studies.claims import seeds_at_chance
-from studies.common import ConfigSet, Needs, Runs, seeds_for
+from studies.common import ConfigSet, Needs, Runs, committed_runs, seeds_for
 from studies.moon_dpap.settings import (
     ABLATIONS,
     FIG1_METHODS,
@@ -95,21 +95,10 @@ def paper_grid(profile: str) -> ConfigSet:
         for lr in PAPER_GRID["lr"] for clip in PAPER_GRID["dp_clip"]}
 
 
-def _committed(cs: ConfigSet) -> Runs:
-    """The results of ``cs`` already written (committed or trained here), loaded, never trained: labels
-    whose every config has a result."""
-    from fedlib.results import load_cached
-    from studies.common import read_roots, write_root
-
-    roots = [*read_roots(), write_root()]
-    found = {label: [load_cached(c, roots) for c in configs] for label, configs in cs.items()}
-    return Runs({label: rs for label, rs in found.items() if rs and all(r is not None for r in rs)})
-
-
 def paper_grid_runs() -> Runs:
     """The paper grid's committed results (:func:`paper_grid`), loaded, never trained: a page rendered at
     a smaller profile shows what the campaign has trained of it (labels with a result only)."""
-    return _committed(paper_grid("paper"))
+    return committed_runs(paper_grid("paper"))
 
 
 def quick_choice_at_paper() -> str:
@@ -117,7 +106,7 @@ def quick_choice_at_paper() -> str:
     (:data:`RECORD_QUICK_CHOICE_LABEL`): its setting, how many seeds collapsed and the weights' norm at
     the end (plain text: it is glued into the page's prose)."""
     label = RECORD_QUICK_CHOICE_LABEL
-    runs = _committed({label: fig2("paper")[label]})
+    runs = committed_runs({label: fig2("paper")[label]})
     if label not in runs.results:
         return "the quick grid's choice is not trained at the paper's scale yet"
     rs = runs.results[label]
@@ -427,12 +416,7 @@ ALPHAS = (0.1, 0.5, 5.0)
 def alpha_paper_runs(alphas=ALPHAS) -> Runs:
     """The alpha page's runs committed at ``paper`` (every seed of a label, or the label is left out),
     loaded, never trained: the page's answer at the papers' scale (alpha = 0.5 is Fig. 1's pair)."""
-    from fedlib.results import load_cached
-    from studies.common import read_roots, write_root
-
-    roots = [*read_roots(), write_root()]
-    found = {label: [load_cached(c, roots) for c in cs] for label, cs in alpha("paper", None, alphas).items()}
-    return Runs({label: rs for label, rs in found.items() if all(r is not None for r in rs)})
+    return committed_runs(alpha("paper", None, alphas))
 
 
 def alpha(profile: str, n_seeds: int | None = None, alphas=ALPHAS) -> ConfigSet:
