@@ -164,6 +164,11 @@ class Config:
                           "ghost (norms of the linear layers from their inputs and output gradients, "
                           "fedlib.privacy.ghost: the same sum, other rounding, ~6x faster on the CNN)",
                           "moon_dpap")
+    dp_sigma: str = _param("one",
+                           "MOON-DPAP dp = record: one noise multiplier for every client, calibrated to "
+                           "the least protected client (one), or each client's own, calibrated to its own "
+                           "sampling rate and steps for the same dp_epsilon_total (per_client; disjoint "
+                           "data compose in parallel)", "moon_dpap")
     dp_noise_free: bool = _param(False, "MOON-DPAP dp = formula: the control without noise (the same "
                                  "per-sample clipping and path, no noise added): what the clip alone costs",
                                  "moon_dpap")
@@ -392,6 +397,7 @@ FIELD_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
 #:
 #: :meta hide-value:
 FIELD_CHOICES = {"dp_schedule": ("paper", "constant"), "dp_grad": ("per_sample", "ghost"),
+                 "dp_sigma": ("one", "per_client"),
                  "fdl_mode": ("as_published", "corrected")}
 
 

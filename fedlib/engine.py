@@ -267,7 +267,8 @@ def _client_release(releaser: Algorithm, upload: Tree, plan: RoundPlan, i: int,
     statistics (:func:`fedlib.privacy.record.client_summary`)."""
     with recording() as log:
         if plan.noise is not None and plan.steps[i] > 0:
-            note(Release("dpsgd_steps", noise_multiplier=plan.noise.std / plan.noise.sensitivity))
+            note(Release("dpsgd_steps",
+                         noise_multiplier=plan.noise.std_of(plan.clients[i]) / plan.noise.sensitivity))
         stats: dict[str, float] = {}
         if releaser.releases_locally():
             upload, stats = releaser.release(upload, plan.clients[i], ctx)
@@ -381,7 +382,7 @@ class LanePlan:
         like = self.sources[0][0].noise
         if any(not plan.noise.counter or plan.noise.shapes != like.shapes for plan, _ in self.sources):
             raise ValueError("runs stacked in one group must all draw counter noise of one shape")
-        per_row = np.array([[*plan.noise.philox_key(), plan.clients[i], plan.noise.std]
+        per_row = np.array([[*plan.noise.philox_key(), plan.clients[i], plan.noise.std_of(plan.clients[i])]
                             for plan, i in self.sources], dtype=object)
         rows = np.maximum(self.row, 0)
         key = np.stack([per_row[rows, 0], per_row[rows, 1]], axis=-1).astype(np.int64)

@@ -29,7 +29,7 @@ from fedlib.kernels import noise_ahead
 from fedlib.models import build_model
 from fedlib.partition import partition
 from fedlib.privacy.guarantee import Accountant
-from fedlib.privacy.record import Release, check, combined_multiplier, recording, total_epsilon
+from fedlib.privacy.record import Release, check, check_clients, combined_multiplier, recording, total_epsilon
 from fedlib.streams import Stream
 from fedlib.tree import stack, tmap
 
@@ -203,18 +203,22 @@ class Experiment:
         rec.update({k[len(RELEASE_PREFIX):]: float(v.double().mean()) for k, v in metrics.items()
                     if k.startswith(RELEASE_PREFIX) and k not in PRIVACY_RECORDS})
         rec.update(algo.round_metrics(self.server_state, ctx))
-        rec.update(self._account(ctx, host, metrics))
+        rec.update(self._account(ctx, host, metrics, selected))
         return rec
 
-    def _account(self, ctx: RoundContext, host: list[Release], metrics) -> dict[str, float]:
+    def _account(self, ctx: RoundContext, host: list[Release], metrics,
+                 selected: list[int] | None = None) -> dict[str, float]:
         """Feed this round's privacy to the run's accountant; the epsilon spent so far.
 
         What the mechanisms recorded (the server's releases in ``host``; each client's, where the
         noise is added in the clients, from its metrics: the least noise and the most epsilon over
         them) must back the event the algorithm promises for its configuration
         (:func:`fedlib.privacy.record.check`), else :class:`~fedlib.privacy.record.PrivacyMismatch`
-        stops the run. The accountant is then fed the promised event, which the records have shown
-        to be no more private than what was released."""
+        stops the run. Where clients are promised different multipliers (``selected``'s
+        :meth:`~fedlib.algorithms.base.Algorithm.client_multipliers`), each client's record is checked
+        against its own promise (:func:`~fedlib.privacy.record.check_clients`) and the round's event
+        is the least protected client's. The accountant is then fed the promised event, which the
+        records have shown to be no more private than what was released."""
         if self.accountant is None:
             return {}
         declared = self.algo.privacy_event(ctx)
@@ -223,6 +227,13 @@ class Experiment:
                 return {"epsilon_spent": self.accountant.epsilon()}
             zs = metrics.get(RELEASE_PREFIX + "privacy_z")
             eps = metrics.get(RELEASE_PREFIX + "privacy_epsilon")
+            promised = self.algo.client_multipliers(list(selected or []))
+            if promised is not None:
+                where = f"{self.config.algorithm}, round {ctx.t + 1}"
+                recorded = [] if zs is None else zs.double().cpu().tolist()
+                check_clients(promised, recorded, list(selected), where)
+                self.accountant.step(declared)
+                return {"epsilon_spent": self.accountant.epsilon()}
             z = None if zs is None else float(zs.min())
             e = None if eps is None else float(eps.max())
         else:

@@ -6,6 +6,7 @@ by summation order (about 1e-16 relative; ``1e-10`` leaves a wide margin, and a 
 scale shows as 1e-2 or more).
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -16,7 +17,8 @@ from scipy import stats
 from torch.func import functional_call, grad
 
 from fedlib import Config, run
-from fedlib.algorithms.moon_dpap import record_noise_multiplier, record_schedule
+from fedlib.algorithms.moon_dpap import record_noise_multiplier, record_noise_multipliers, record_schedule
+from fedlib.config import ConfigError
 from fedlib.engine import Executor, make_poisson_plan
 from fedlib.experiment import Experiment
 from fedlib.kernels import set_kernel_options
@@ -25,6 +27,7 @@ from fedlib.privacy.accounting import epsilon_of_gaussian_rounds, rdp_epsilon
 from fedlib.privacy.dpsgd import clip_per_sample, per_sample_grads, private_grad
 from fedlib.privacy.guarantee import Accountant, GaussianEvent, Relation
 from fedlib.privacy.noise import StepNoise
+from fedlib.privacy.record import PrivacyMismatch
 from fedlib.run import load_model
 
 RECORD = Config(algorithm="moon_dpap", clients=4, train_samples=320, test_samples=100, rounds=2,
@@ -164,6 +167,91 @@ def test_calibration_protects_every_client_at_the_target():
     assert max(per_client) == pytest.approx(8.0, rel=1e-5) and all(e <= 8.0 * (1 + 1e-6) for e in per_client)
     assert (q, k) == record_schedule(min(sizes), cfg.batch_size, cfg.local_epochs)  # the smallest client
     assert rdp_epsilon([sigma] * (10 * k), 1e-5, q) == pytest.approx(8.0, rel=1e-5)
+
+
+def test_per_client_calibration_spends_the_budget_at_every_client():
+    """``dp_sigma = per_client``: each client's sigma spends the budget over its own (q_i, K_i) (RDP at
+    integer orders, at most the target, within the bisection's 1e-7), cross-checked against
+    dp-accounting's RDP accountant (its own orders: a little tighter, never looser by more than 5 %);
+    larger clients get less noise, and the smallest client's sigma is the one-sigma calibration's."""
+    sizes = [40, 75, 120, 300, 75]
+    cfg = RECORD.replace(rounds=10, dp_sigma="per_client")
+    sigmas, per_client = record_noise_multipliers(cfg, sizes)
+    assert all(e == pytest.approx(8.0, rel=1e-5) and e <= 8.0 * (1 + 1e-9) for e in per_client)
+    assert sigmas[1] == sigmas[4]  # one schedule, one calibration
+    order = np.argsort(sizes, kind="stable")
+    assert all(sigmas[a] >= sigmas[b] for a, b in zip(order[:-1], order[1:], strict=True))
+    assert sigmas[3] < 0.8 * sigmas[0]  # the point of the variant: much less noise for the large client
+    assert sigmas[0] == pytest.approx(record_noise_multiplier(cfg, sizes)[0], rel=1e-9)
+    for n, z in zip(sizes, sigmas, strict=True):
+        q, k = record_schedule(n, cfg.batch_size, cfg.local_epochs)
+        theirs = epsilon_of_gaussian_rounds([z] * (cfg.rounds * k), cfg.dp_delta, q, accountant="rdp")
+        assert theirs <= 8.0 * (1 + 1e-6) and theirs >= 8.0 / 1.05
+
+
+@pytest.mark.parametrize("counter", [False, True], ids=["generator", "counter"])
+def test_per_client_step_noise_draws_each_client_at_its_own_std(counter):
+    """Each client's draw has its own std (within 1 %: 6 standard errors of a sample std of 2e5
+    normals), and the draw of a client is the one-std draw scaled (the same stream: only the
+    scale differs)."""
+    shapes = (("a", (200_000,)),)
+    one = StepNoise((4, 5), 1.0, shapes, torch.float64, torch.device("cpu"), counter=counter)
+    apart = dataclasses.replace(one, client_std=(0.5, 2.0, 3.0))
+    for client, std in enumerate((0.5, 2.0, 3.0)):
+        x = apart.draw(client, 7)["a"]
+        assert float(x.std()) == pytest.approx(std, rel=0.01)
+        torch.testing.assert_close(x, one.draw(client, 7)["a"] * std, rtol=1e-12, atol=0)
+
+
+def test_per_client_sigma_trains_on_every_path_and_records_each_clients_calibration(tmp_path):
+    """A per-client run: the vectorized path (every lane at its own std in one draw) agrees with the
+    sequential one (float64, counter noise); the result records each client's sigma and epsilon, and
+    the run's accountant spends the budget."""
+    cfg = RECORD.replace(model="mlp", dp_sigma="per_client")
+    ref = run(cfg, engine="sequential", root=tmp_path / "seq", progress=False, device="cpu")
+    exp = Experiment(cfg, torch.device("cpu"))
+    with Executor("vectorized", exp.algo, exp.data.x_train, exp.data.y_train, lanes="clients") as ex:
+        for t in range(cfg.rounds):
+            exp.round(t, ex)
+    p_ref = load_model(ref, tmp_path / "seq")[1]
+    assert max(float((p_ref[k] - exp.gparams[k]).abs().max()) for k in p_ref) < 1e-11
+    privacy = ref.meta["privacy"]
+    sigmas, eps = privacy["per_client_noise_multiplier"], privacy["per_client_epsilon"]
+    assert len(sigmas) == cfg.clients and len(set(sigmas)) > 1
+    assert all(e == pytest.approx(8.0, rel=1e-5) for e in eps)
+    assert ref.history[-1]["epsilon_spent"] == pytest.approx(8.0, rel=1e-5)
+    one_sigma = record_noise_multiplier(cfg.replace(dp_sigma="one"), ref.meta["client_sizes"])[0]
+    assert max(sigmas) == pytest.approx(one_sigma, rel=1e-6)  # the smallest client's, as with one sigma
+
+
+def test_a_client_released_below_its_own_sigma_stops_the_run(monkeypatch):
+    """The check is per client: one client drawing another client's (smaller) sigma stops the run
+    with PrivacyMismatch naming it, though every recorded multiplier is one some client is promised
+    (a round-wide minimum against the least protected client's event could not tell)."""
+    cfg = RECORD.replace(model="mlp", dp_sigma="per_client")
+    exp = Experiment(cfg, torch.device("cpu"))
+    sigmas = exp.algo.record["client_sigma"]
+    small, large = int(np.argmax(sigmas)), int(np.argmin(sigmas))
+    assert sigmas[small] > sigmas[large]
+    honest = exp.algo.step_noise
+
+    def swapped(t, like):
+        noise = honest(t, like)
+        std = list(noise.client_std)
+        std[small] = std[large]
+        return dataclasses.replace(noise, client_std=tuple(std))
+
+    monkeypatch.setattr(exp.algo, "step_noise", swapped)
+    with Executor("sequential", exp.algo, exp.data.x_train, exp.data.y_train) as ex:
+        with pytest.raises(PrivacyMismatch, match=f"client {small} released"):
+            exp.round(0, ex)
+
+
+def test_per_client_sigma_needs_record_level_dp():
+    with pytest.raises(ConfigError, match="dp_sigma = per_client calibrates record-level"):
+        Config(algorithm="moon_dpap", dp="central", dp_sigma="per_client").validate()
+    with pytest.raises(ConfigError, match="dp_sigma"):
+        Config(algorithm="moon_dpap", dp="record", dp_schedule="constant", dp_sigma="each").validate()
 
 
 def test_run_accountant_matches_dp_accounting_and_pld_is_tighter():

@@ -183,6 +183,12 @@ class Algorithm:
         """The noise of every local step in round ``t`` (record-level DP-SGD), or None."""
         return None
 
+    def client_multipliers(self, clients: list[int]) -> list[float] | None:
+        """The noise multiplier promised to each of ``clients`` where clients are promised different
+        ones (record-level DP-SGD with a sigma per client), or None: one promise for all, the
+        round's :meth:`privacy_event`."""
+        return None
+
     def sample_clients(self, t: int) -> list[int]:
         """Clients of round ``t`` (default: a fixed-size sample, see ``client_fraction``)."""
         return sample_clients(self.config, t)

@@ -43,6 +43,13 @@ client (:mod:`fedlib.privacy.dpsgd`), which protects one training example agains
     every client, calibrated by RDP so that the least protected client's records (the largest
     ``q_i^2 K_i``, in practice the smallest client) spend ``dp_epsilon_total`` over the run
     (schedule ``constant`` only);
+  - or (``dp_sigma = "per_client"``, a labelled variant) each client's own ``sigma_i``, calibrated
+    to its own ``(q_i, K_i)`` for the same ``dp_epsilon_total``: a record lives in one client only,
+    and no other client's mechanism reads it, so a record of client i is protected by client i's
+    ``T K_i`` releases alone (parallel composition over disjoint data; the others' updates, and the
+    global model they build, are post-processing of those releases). Every client then spends the
+    budget, where one sigma over-protects the larger clients (less noise for them, the same
+    guarantee). ``sigma_i`` depends on ``n_i``, public here as in the one-sigma reading;
   - everything after the client's steps (the update, pruning, the server's sample-weighted
     average) is post-processing; the noise is floating-point Gaussian (``torch.randn``), the
     idealised mechanism that DP-SGD libraries implement.
@@ -118,6 +125,19 @@ def record_noise_multiplier(config: Config, sizes: list[int]) -> tuple[float, fl
     raise RuntimeError("record-level calibration did not settle on a least protected client")
 
 
+def record_noise_multipliers(config: Config, sizes: list[int]) -> tuple[list[float], list[float]]:
+    """Record-level DP-SGD with ``dp_sigma = "per_client"``: each client's own ``sigma_i``, calibrated
+    by RDP so that its records spend ``dp_epsilon_total`` over its ``T K_i`` steps at rate ``q_i``;
+    also each client's total epsilon at its ``sigma_i`` (at most the budget: the calibration errs on
+    the side of more noise). Clients with one schedule share one calibration."""
+    c = config
+    schedules_ = {n: record_schedule(n, c.batch_size, c.local_epochs) for n in set(sizes)}
+    sigma = {qk: calibrate_rdp(c.dp_epsilon_total, c.dp_delta, c.rounds * qk[1], qk[0])
+             for qk in set(schedules_.values())}
+    eps = {qk: rdp_epsilon([z] * (c.rounds * qk[1]), c.dp_delta, qk[0]) for qk, z in sigma.items()}
+    return [sigma[schedules_[n]] for n in sizes], [eps[schedules_[n]] for n in sizes]
+
+
 def noise_multipliers(config: Config) -> list[float]:
     """``z_t`` for every round t = 0..T-1 (noise std = z_t x sensitivity), client-level modes."""
     c, total = config, config.rounds
@@ -143,7 +163,7 @@ class MoonDpap(Moon):
     fields = (*Moon.fields, "cosine_lr", "lr_min", "tau_min", "mu_max", "schedule_ramp", "prune",
               "prune_t_min",
               "prune_t_max", "dp", "dp_epsilon_per_round", "dp_epsilon_total", "dp_schedule", "dp_eps_floor",
-              "dp_clip", "dp_delta", "secure_noise", "randomness", "dp_grad", "dp_noise_free")
+              "dp_clip", "dp_delta", "secure_noise", "randomness", "dp_grad", "dp_sigma", "dp_noise_free")
 
     @classmethod
     def check(cls, config: Config) -> list[str]:
@@ -168,6 +188,9 @@ class MoonDpap(Moon):
         elif c.dp_grad == "ghost" and c.precision == "bfloat16":
             errs.append("dp_grad = ghost needs precision float32 or float64 (its hooks add float "
                         "perturbations to the layers' outputs)")
+        if c.dp_sigma == "per_client" and c.dp != "record":
+            errs.append("dp_sigma = per_client calibrates record-level DP-SGD's noise per client: it needs "
+                        "dp = record")
         if c.dp_noise_free and c.dp != "formula":
             errs.append("dp_noise_free is the formula in circulation's control without noise: it needs "
                         "dp = formula")
@@ -210,8 +233,24 @@ class MoonDpap(Moon):
     def bind_clients(self, sizes: list[int]) -> None:
         if self.config.dp != "record":
             return
-        sigma, q, k, per_client = record_noise_multiplier(self.config, sizes)
+        c = self.config
+        if c.dp_sigma == "per_client":
+            sigmas, per_client = record_noise_multipliers(c, sizes)
+            worst = max(range(len(sizes)), key=lambda i: (per_client[i], -sizes[i]))
+            q, k = record_schedule(sizes[worst], c.batch_size, c.local_epochs)
+            self.record = {"sigma": sigmas[worst], "q": q, "steps": k, "per_client_epsilon": per_client,
+                           "client_sigma": sigmas}
+            return
+        sigma, q, k, per_client = record_noise_multiplier(c, sizes)
         self.record = {"sigma": sigma, "q": q, "steps": k, "per_client_epsilon": per_client}
+
+    def client_multipliers(self, clients: list[int]) -> list[float] | None:
+        """The noise multiplier promised to each of ``clients`` (record-level DP-SGD with one sigma per
+        client), against which each client's recorded release is checked; None: one promise for all
+        (:meth:`privacy_event`)."""
+        if self.record is None or "client_sigma" not in self.record:
+            return None
+        return [self.record["client_sigma"][i] for i in clients]
 
     def poisson_records(self) -> bool:
         return self.config.dp == "record"
@@ -220,9 +259,12 @@ class MoonDpap(Moon):
         if self.config.dp != "record":
             return None
         first = next(iter(like.values()))
+        sigmas = self.record.get("client_sigma")  # one sigma per client (dp_sigma = per_client), or None
+        stds = None if sigmas is None else tuple(z * self.config.dp_clip for z in sigmas)
         return StepNoise(self.noise_seed(Stream.RECORD_NOISE, t), self.record["sigma"] * self.config.dp_clip,
                          tuple((k, tuple(v.shape)) for k, v in like.items()), first.dtype, first.device,
-                         sensitivity=self.config.dp_clip)
+                         sensitivity=self.config.dp_clip,
+                         client_std=stds)
 
     def loss_and_grad(self, params, batch, sstate, cstate, ctx):
         """MOON's gradient, or under record-level DP-SGD (and the formula in circulation) the step's sum of
@@ -421,14 +463,20 @@ class MoonDpap(Moon):
         if self.record is None:
             return {}
         eps = self.record["per_client_epsilon"]
-        return {"noise_multiplier": self.record["sigma"], "sampling_rate": self.record["q"],
-                "steps_per_round": self.record["steps"],
-                "accounted": "the least protected client (largest sampling rate)",
-                "per_client_epsilon": [round(e, 6) for e in eps]}
+        out = {"noise_multiplier": self.record["sigma"], "sampling_rate": self.record["q"],
+               "steps_per_round": self.record["steps"],
+               "accounted": "the least protected client (largest sampling rate)",
+               "per_client_epsilon": [round(e, 6) for e in eps]}
+        if "client_sigma" in self.record:  # every client calibrated to the budget: the accountant follows
+            out["accounted"] = "the least protected client (each client's own sigma)"  # the largest epsilon
+            out["per_client_noise_multiplier"] = [round(z, 6) for z in self.record["client_sigma"]]
+        return out
 
     def privacy_event(self, ctx: RoundContext) -> GaussianEvent | None:
         """Client-level: one Gaussian release per round. Record-level: the least protected
-        client's ``K`` Poisson-sampled steps."""
+        client's ``K`` Poisson-sampled steps (with one sigma per client, the client whose calibration
+        spends the most; every client's own release is checked against its own sigma,
+        :meth:`client_multipliers`)."""
         if self.record is not None:
             return GaussianEvent(self.record["sigma"], self.record["q"], self.record["steps"])
         return GaussianEvent(self.z[ctx.t]) if self.z else None

@@ -87,6 +87,13 @@ class StepNoise:
     #: (client, step) (:mod:`fedlib.privacy.philox`), so that the lanes of a vectorized step draw
     #: together in one fixed set of operators (:meth:`lanes`). Both are N(0, std^2) per coordinate.
     counter: bool = field(default_factory=lambda: step_noise_option() == "counter")
+    #: Each client's own std, indexed by client id, where clients are calibrated apart (record-level
+    #: DP-SGD with one sigma per client); None: ``std`` for every client.
+    client_std: tuple[float, ...] | None = None
+
+    def std_of(self, client: int) -> float:
+        """The noise std of client ``client``'s steps."""
+        return self.std if self.client_std is None else self.client_std[client]
 
     @property
     def size(self) -> int:
@@ -107,19 +114,21 @@ class StepNoise:
         return out
 
     def draw(self, client: int, step: int) -> dict[str, torch.Tensor]:
-        """Client ``client``'s noise at local step ``step``: ``N(0, std^2)`` for every coordinate of the
-        model, from that client and step's own generator (or Philox counters, ``counter``)."""
+        """Client ``client``'s noise at local step ``step``: ``N(0, std^2)`` (:meth:`std_of`) for every
+        coordinate of the model, from that client and step's own generator (or Philox counters,
+        ``counter``)."""
         if self.counter:
             note_key("philox", (*self.key, client, step))
             key = torch.tensor([self.philox_key()], dtype=torch.int64, device=self.device)
             stream = torch.tensor([[client, step]], dtype=torch.int64, device=self.device)
-            scale = torch.tensor([self.std], dtype=self.dtype, device=self.device)
+            scale = torch.tensor([self.std_of(client)], dtype=self.dtype, device=self.device)
             noise = {k: v[0] for k, v in self.lanes(key, stream, scale, self).items()}  # one lane
         else:
             note_key("torch", (*self.key, client, step))
             seed = int(np.random.SeedSequence([*self.key, client, step]).generate_state(1)[0])
             g = torch.Generator(device=self.device).manual_seed(seed)
-            noise = {name: torch.randn(shape, generator=g, device=self.device, dtype=self.dtype) * self.std
+            std = self.std_of(client)
+            noise = {name: torch.randn(shape, generator=g, device=self.device, dtype=self.dtype) * std
                      for name, shape in self.shapes}
         note_draw("dpsgd_step", *noise.values())
         return noise

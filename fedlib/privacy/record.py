@@ -200,5 +200,20 @@ def check(declared, recorded_z: float | None, recorded_eps: float | None, where:
                               f"configuration promises {declared.epsilon:.6g}")
 
 
-__all__ = ["Draw", "PrivacyMismatch", "Release", "SensitivityError", "check", "client_summary",
-           "combined_multiplier", "drawing", "note", "note_draw", "recording", "total_epsilon"]
+def check_clients(promised: list[float], recorded_z: list[float], clients: list[int], where: str) -> None:
+    """Raise :class:`PrivacyMismatch` unless every client's recorded multiplier is at least the one
+    promised to it (clients calibrated apart: record-level DP-SGD with a sigma per client, where one
+    round-wide minimum would compare the most-noised client's records with the least-noised one's
+    promise)."""
+    if not len(promised) == len(recorded_z) == len(clients):
+        raise PrivacyMismatch(f"{where}: {len(recorded_z)} clients' records for {len(promised)} promises")
+    rel = 1e-9
+    for client, want, got in zip(clients, promised, recorded_z, strict=True):
+        if not got >= want * (1 - rel):  # also catches a NaN record
+            raise PrivacyMismatch(f"{where}: client {client} released noise of multiplier {got:.6g}, "
+                                  f"the configuration promises it {want:.6g}")
+
+
+__all__ = ["Draw", "PrivacyMismatch", "Release", "SensitivityError", "check", "check_clients",
+           "client_summary", "combined_multiplier", "drawing", "note", "note_draw", "recording",
+           "total_epsilon"]
