@@ -515,3 +515,26 @@ def test_the_stated_paper_record_level_choice_is_the_committed_paper_grids_choic
     assert mp.RECORD_QUICK_CHOICE_LABEL not in mp.fig2("quick")
     assert mp.record_dp("paper")["lr"] == choice[0]
     assert mp.quick_choice_at_paper().startswith("at the quick grid's choice (learning rate 0.2, C = 5)")
+
+
+def test_the_per_client_sigma_variant_differs_from_one_sigma_only_in_its_sigma(monkeypatch):
+    """Issue 74: the variant trains at the quick page's tuned setting and seeds, its runs and one sigma's
+    differ in ``dp_sigma`` alone; the paper page reads them (it trains none); the table from the committed
+    runs shows each client's epsilon at the budget under the variant and below it under one sigma."""
+    from fedlib.results import REPO_ROOT
+    from studies.common import committed_runs
+    from studies.moon_dpap import pages as mp
+
+    pc = mp.per_client_sigma("quick")
+    assert pc == mp.per_client_sigma("paper")
+    one, each = pc[mp.RECORD_TUNED_LABEL], pc[mp.RECORD_PER_CLIENT_LABEL]
+    assert [c.replace(dp_sigma="one") for c in each] == one == mp.fig2("quick")[mp.RECORD_TUNED_LABEL]
+    assert mp.RECORD_PER_CLIENT_LABEL in mp.fig2("quick")
+    assert mp.RECORD_PER_CLIENT_LABEL not in mp.fig2("paper")
+    monkeypatch.setenv("FEDLIB_RESULTS_DIR", str(REPO_ROOT / "data" / "results"))  # read, never written
+    runs = committed_runs(pc)
+    assert set(runs.results) == set(pc), "the per-client variant and its one-sigma runs must be committed"
+    table = mp.per_client_sigma_table(runs).set_index("sigma")
+    eps_one = table.loc["one sigma (the least protected client's)", "epsilon per client"]
+    assert eps_one.endswith("-10") and not eps_one.startswith("10")
+    assert table.loc["a sigma per client", "epsilon per client"] == "10-10"

@@ -265,9 +265,11 @@ def per_client_sigma(profile: str) -> ConfigSet:
 
 def per_client_sigma_table(runs: Runs) -> pd.DataFrame:
     """One row per sigma choice of :func:`per_client_sigma` in ``runs``: the noise multipliers its clients
-    ran at (the range over clients), the epsilon each client's records spend (the range), its final
-    accuracy over seeds and the seeds that collapsed to one class; the per-client row also the paired
-    difference to one sigma, seed by seed."""
+    ran at and the epsilon each client's records spend (ranges over the clients of every seed's
+    partition), its final accuracy over seeds and the seeds that collapsed to one class; the per-client
+    row also its difference to one sigma paired by seed, with its 95 % interval."""
+    from studies.claims import interval, paired_ci
+
     rows = []
     one = np.array(runs.by_seed(RECORD_TUNED_LABEL)) if RECORD_TUNED_LABEL in runs.results else None
     for label, name in ((RECORD_TUNED_LABEL, "one sigma (the least protected client's)"),
@@ -275,16 +277,16 @@ def per_client_sigma_table(runs: Runs) -> pd.DataFrame:
         if label not in runs.results:
             continue
         rs = runs.results[label]
-        privacy = rs[0].meta["privacy"]
-        sigmas = privacy.get("per_client_noise_multiplier", [privacy["noise_multiplier"]])
-        eps = privacy["per_client_epsilon"]
+        privacy = [r.meta["privacy"] for r in rs]
+        sigmas = [z for p in privacy for z in p.get("per_client_noise_multiplier", [p["noise_multiplier"]])]
+        eps = [e for p in privacy for e in p["per_client_epsilon"]]
         acc = np.array(runs.by_seed(label))
         row = {"sigma": name, "noise multiplier (clients)": f"{min(sigmas):.3g}-{max(sigmas):.3g}",
                "epsilon per client": f"{min(eps):.3g}-{max(eps):.3g}",
                "final accuracy (%)": acc.mean(), "seeds": len(acc),
                "seeds at chance": sum(1 for r in rs if collapse_of(r)["rounds"])}
         if label == RECORD_PER_CLIENT_LABEL and one is not None and len(one) == len(acc):
-            row["minus one sigma (pts)"] = float(np.mean(acc - one))
+            row["minus one sigma (pts)"] = interval(*paired_ci(acc, one))
         rows.append(row)
     return pd.DataFrame(rows)
 
