@@ -161,7 +161,8 @@ def test_run_batch_of_local_dp_runs_releases_with_each_runs_own_budget(tmp_path,
         assert _max_diff(_params(alone, tmp_path / "alone"), _params(r, tmp_path / "batch")) < ATOL64
 
 
-@pytest.mark.parametrize("step_noise", ["generator", "counter"])
+# the counter noise (every lane at its own std in one draw) in make test; the generator noise in test-full
+@pytest.mark.parametrize("step_noise", [pytest.param("generator", marks=pytest.mark.heavy), "counter"])
 def test_run_batch_of_dp_sgd_runs_adds_each_runs_own_step_noise(tmp_path, restore_kernels, step_noise):
     """Record-level DP-SGD runs with other seeds and budgets in one vectorized run batch: every
     lane adds its own run's and client's noise at its own std (``counter``: all lanes of a step in
