@@ -537,4 +537,4 @@ def test_the_per_client_sigma_variant_differs_from_one_sigma_only_in_its_sigma(m
     table = mp.per_client_sigma_table(runs).set_index("sigma")
     eps_one = table.loc["one sigma (the least protected client's)", "epsilon per client"]
     assert eps_one.endswith("-10") and not eps_one.startswith("10")
-    assert table.loc["a sigma per client", "epsilon per client"] == "10-10"
+    assert table.loc["a sigma per client", "epsilon per client"] == "10"

@@ -263,6 +263,12 @@ def per_client_sigma(profile: str) -> ConfigSet:
             RECORD_PER_CLIENT_LABEL: [record_tuned(at, s).replace(dp_sigma="per_client") for s in seeds]}
 
 
+def _span(values: list[float]) -> str:
+    """``low-high`` of ``values`` at 3 significant digits, one number where they print alike."""
+    lo, hi = f"{min(values):.3g}", f"{max(values):.3g}"
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
 def per_client_sigma_table(runs: Runs) -> pd.DataFrame:
     """One row per sigma choice of :func:`per_client_sigma` in ``runs``: the noise multipliers its clients
     ran at and the epsilon each client's records spend (ranges over the clients of every seed's
@@ -281,8 +287,7 @@ def per_client_sigma_table(runs: Runs) -> pd.DataFrame:
         sigmas = [z for p in privacy for z in p.get("per_client_noise_multiplier", [p["noise_multiplier"]])]
         eps = [e for p in privacy for e in p["per_client_epsilon"]]
         acc = np.array(runs.by_seed(label))
-        row = {"sigma": name, "noise multiplier (clients)": f"{min(sigmas):.3g}-{max(sigmas):.3g}",
-               "epsilon per client": f"{min(eps):.3g}-{max(eps):.3g}",
+        row = {"sigma": name, "noise multiplier (clients)": _span(sigmas), "epsilon per client": _span(eps),
                "final accuracy (%)": acc.mean(), "seeds": len(acc),
                "seeds at chance": sum(1 for r in rs if collapse_of(r)["rounds"])}
         if label == RECORD_PER_CLIENT_LABEL and one is not None and len(one) == len(acc):
