@@ -222,23 +222,21 @@ class Experiment:
         if self.accountant is None:
             return {}
         declared = self.algo.privacy_event(ctx)
+        where = f"{self.config.algorithm}, round {ctx.t + 1}"
         if self.guarantee.where == "local":
             if metrics is None:  # no client took part: nothing was released
                 return {"epsilon_spent": self.accountant.epsilon()}
             zs = metrics.get(RELEASE_PREFIX + "privacy_z")
             eps = metrics.get(RELEASE_PREFIX + "privacy_epsilon")
             promised = self.algo.client_multipliers(list(selected or []))
-            if promised is not None:
-                where = f"{self.config.algorithm}, round {ctx.t + 1}"
+            if promised is not None:  # clients calibrated apart: each against its own promise
                 recorded = [] if zs is None else zs.double().cpu().tolist()
                 check_clients(promised, recorded, list(selected), where)
-                self.accountant.step(declared)
-                return {"epsilon_spent": self.accountant.epsilon()}
-            z = None if zs is None else float(zs.min())
-            e = None if eps is None else float(eps.max())
+            else:
+                z = None if zs is None else float(zs.min())
+                check(declared, z, None if eps is None else float(eps.max()), where)
         else:
-            z, e = combined_multiplier(host), total_epsilon(host)
-        check(declared, z, e, f"{self.config.algorithm}, round {ctx.t + 1}")
+            check(declared, combined_multiplier(host), total_epsilon(host), where)
         self.accountant.step(declared)
         return {"epsilon_spent": self.accountant.epsilon()}
 

@@ -255,7 +255,7 @@ def per_client_sigma(profile: str) -> ConfigSet:
     """Record-level DP-SGD with one sigma for every client (:data:`RECORD_TUNED_LABEL`) and with each
     client's own (:data:`RECORD_PER_CLIENT_LABEL`), at the same tuned setting, budget and seeds, at
     :func:`grid_profile` (quick; smoke in the tests): the quick page trains them, the paper page reads
-    them. The variant is not trained at ``paper`` (its record-level seeds there take ~6 h of this CPU
+    them. The variant is not trained at ``paper`` (its record-level seeds there take many hours of this CPU
     each batch, spent first on the runs that decide verdicts)."""
     at = grid_profile(profile)
     seeds = _seeds(at, None)
