@@ -4,6 +4,7 @@ dependencies, without the study (``studies``) and its lab (``lab``)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -29,9 +30,16 @@ print("results", r.path)
 
 @pytest.mark.e2e
 def test_the_library_installs_alone_and_runs_a_private_smoke_run(tmp_path):
+    # built from a copy of what the wheel is made of: setuptools writes build/ and *.egg-info beside the
+    # sources it builds, and a build/ in the checkout would be a stale second copy of the library (and,
+    # were it tracked, would mark every result trained afterwards "-dirty")
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "fedlib", src / "fedlib", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(wheels), str(ROOT)], check=True, capture_output=True, timeout=600)
+                    "-w", str(wheels), str(src)], check=True, capture_output=True, timeout=600)
     (wheel,) = wheels.glob("fedlib-*.whl")
     import fedlib
 
@@ -62,3 +70,19 @@ def test_the_library_installs_alone_and_runs_a_private_smoke_run(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"version {fedlib.__version__}" in out.stdout and "epsilon" in out.stdout
     assert list((work / "fedlib-results").glob("dp_fedavg-*.json"))  # beside the work, not in site-packages
+
+
+def test_the_repository_tracks_no_build_outputs():
+    """A package build's outputs (``build/``, ``dist/``, ``*.egg-info``) are ignored, never committed:
+    a tracked ``build/lib`` is a stale copy of the library that setuptools may pack into a wheel
+    (it copies sources over it and never deletes a module the sources no longer have), and a build
+    that rewrites it marks the checkout dirty (:func:`fedlib.results.git_commit`)."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(["git", "ls-files", "--", "build", "dist", "*.egg-info"], cwd=ROOT,
+                             capture_output=True, text=True, check=True, timeout=30).stdout.split()
+    assert tracked == [], tracked[:5]
+    probes = ["build/lib/fedlib/x.py", "dist/fedlib-0.whl", "fedlib.egg-info/PKG-INFO"]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *probes], cwd=ROOT,
+                             capture_output=True, text=True, timeout=30).stdout.split()
+    assert ignored == probes, ignored

@@ -1,1 +1,0 @@
-"""Privacy attacks used as audits: membership inference, gradient inversion."""
