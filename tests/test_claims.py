@@ -489,9 +489,11 @@ def test_moon_dpap_claims_settled_at_paper_are_graded_on_those_runs_alone():
     assert row.verdict is V.NOT_REPRODUCED
     assert cost.claim == mc.DP_COST and cost.profile == "paper" and cost.verdict is V.INCONCLUSIVE
     recorded = _runs({"moon_dpap": [83.0, 84.0, 83.5], "moon_dpap (DP, eq. 5 schedule)": [10.0, 10.2, 9.9],
-                      mp.RECORD_TUNED_LABEL: [10.0, 10.1, 9.9]})
+                      mp.RECORD_TUNED_LABEL: [10.0, 10.1, 9.9], ("paper grid", 0.1, 1.0): [70.0]})
     at_chance, _, cost = mc.fig2_settled(recorded, [mc.WITH_DP, central, mc.DP_COST], 120.0, 10.0, 5e4)
     assert at_chance.verdict is V.NOT_REPRODUCED and cost.verdict is V.NOT_REPRODUCED
+    # the tuning grid's one-seed points ride along with the reading but are not its seeds
+    assert (at_chance.seeds, cost.seeds) == (3, 3)
 
 
 def test_a_claim_refuted_by_a_subset_of_its_runs_is_graded():

@@ -10,7 +10,7 @@ from studies.claims import Finding, all_of
 from studies.common import Runs
 from studies.moon_dpap.pages import CENTRAL as CENTRAL_RUNS
 from studies.moon_dpap.pages import FORMULA as FORMULA_RUNS
-from studies.moon_dpap.pages import FORMULA_NOISE_OFF, RECORD_TUNED_LABEL, collapse_of
+from studies.moon_dpap.pages import FORMULA_NOISE_OFF, RECORD_TUNED_LABEL, collapse_of, is_tuning_label
 from studies.moon_dpap.settings import FIG1_METHODS, PAPER, READINGS, SCALES, TABLE1_METHODS
 
 #: How far a published accuracy may be from ours (points): the paper reports one number without a
@@ -378,7 +378,8 @@ def fig2_settled(runs: Runs, settled: list[str], eps_total: float, untrained_pct
     ``eps_total``, ``untrained_pct``, ``noise_ratio`` and ``clients``, each marked with the profile
     and its seeds (a reading's row settles with its own runs, before the claim's summary row)."""
     rules = _fig2_rules(runs, profile, eps_total, untrained_pct, noise_ratio, clients)
-    seeds = min((len(rs) for rs in runs.results.values()), default=0)
+    # the tuning grid's points (one seed each, shown beside the record-level reading) grade nothing
+    seeds = min((len(rs) for label, rs in runs.results.items() if not is_tuning_label(label)), default=0)
     return [c.graded_at(rules[claim](), profile, seeds) for claim in settled]
 
 

@@ -98,6 +98,12 @@ def paper_grid(profile: str) -> ConfigSet:
         for lr in PAPER_GRID["lr"] for clip in PAPER_GRID["dp_clip"]}
 
 
+def is_tuning_label(label) -> bool:
+    """Whether ``label`` is a point of a record-level tuning grid (:func:`record_grid`,
+    :func:`paper_grid`): one seed on a validation hold-out, which tunes a setting and grades no claim."""
+    return isinstance(label, tuple) and bool(label) and label[0] in ("grid", "paper grid")
+
+
 def paper_grid_runs() -> Runs:
     """The paper grid's committed results (:func:`paper_grid`), loaded, never trained: a page rendered at
     a smaller profile shows what the campaign has trained of it (labels with a result only)."""
