@@ -480,6 +480,12 @@ def test_record_dp_cost_is_the_devices_own_where_a_benchmark_measured_it(tmp_pat
     record = TINY.replace(algorithm="moon_dpap", dp="record", dp_epsilon_total=10.0, dp_schedule="constant")
     assert campaign.estimate_s(record, 1e-3, 2.5) == pytest.approx(campaign.estimate_s(record, 1e-3, 5.0) / 2)
     assert campaign.estimate_s(TINY, 1e-3, 2.5) == campaign.estimate_s(TINY, 1e-3, 5.0)  # no record DP
+    # the formula in circulation clips every sample's gradient as record-level DP-SGD does: the same cost
+    formula = record.replace(dp="formula", dp_epsilon_total=None, dp_epsilon_per_round=1.0,
+                             dp_schedule="paper")
+    assert campaign.estimate_s(formula, 1e-3, 2.5) == pytest.approx(campaign.estimate_s(record, 1e-3, 2.5))
+    assert campaign.estimate_s(formula.replace(dp_grad="ghost"), 1e-3, 2.5, 1.5) == pytest.approx(
+        1.5 * campaign.estimate_s(formula.replace(dp="none"), 1e-3))
 
 
 def test_the_readme_states_what_is_trained_at_paper_as_the_results_say():
