@@ -726,3 +726,12 @@ def test_seeds_that_split_between_chance_and_learning_are_named():
     cell = mp.readings_of_fig2(_runs(table), None).set_index("reading").loc["record-level DP-SGD",
                                                                              "final accuracy (%)"]
     assert cell.endswith("(3 seeds) — 2 of 3 seeds end at chance (10.0, 57.2, 10.4 %)")
+    # the readings complete at the papers' scale in one more column, only when some are (issue 74)
+    assert mp.AT_PAPER_COLUMN not in mp.readings_of_fig2(_runs(table), None, paper=_runs({})).columns
+    tuned = Runs({mp.RECORD_TUNED_LABEL: [_R(a, s, epsilon_spent=10.0) for s, a in enumerate([81, 79, 80])]})
+    at = mp.readings_of_fig2(_runs(table), None, paper=tuned).set_index("reading")[mp.AT_PAPER_COLUMN]
+    assert at["record-level DP-SGD"] == "80.0 ± 1.0 (3 seeds), epsilon 10.00"
+    assert at["client-level central"] == "not complete yet" and at["client-level local"] == ""
+    formula = mp.readings_of_fig2(_runs(table), None, paper=_runs({mp.FORMULA: [79.0, 79.5, 79.0]}))
+    assert formula.set_index("reading").loc["the formula in circulation", mp.AT_PAPER_COLUMN].endswith(
+        "(3 seeds), no epsilon (no valid guarantee)")

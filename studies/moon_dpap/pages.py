@@ -699,22 +699,37 @@ def grid_choice(table: pd.DataFrame) -> tuple[float, float]:
     return float(best["learning rate"]), float(best["clip C"])
 
 
-def readings_of_fig2(runs: Runs, cfg: Config, chance_pct: float = 10.0) -> pd.DataFrame:
+#: The column of :func:`readings_of_fig2` that gives where a reading's runs end at the papers' scale.
+AT_PAPER_COLUMN = "at the papers' scale: final accuracy (%), epsilon"
+
+
+def readings_of_fig2(runs: Runs, cfg: Config, chance_pct: float = 10.0,
+                     paper: Runs | None = None) -> pd.DataFrame:
     """One row per reading of Fig. 2's DP: relation, guarantee, and the final accuracy (mean ± std over
     seeds, and the seeds themselves when some end at chance and some do not) and epsilon of its runs in
-    ``runs`` (the local reading is analytic: no runs)."""
+    ``runs`` (the local reading is analytic: no runs). ``paper``: the readings' runs complete at the
+    papers' scale while the page renders below it (:func:`studies.settled.show_paper_first`), in one
+    more column (:data:`AT_PAPER_COLUMN`) when any reading has them."""
     from studies.moon_dpap.settings import READINGS
 
     runs_of = {READINGS["central"].name: CENTRAL, READINGS["record"].name: RECORD_TUNED_LABEL,
                READINGS["formula"].name: FORMULA}
 
-    def ended(label) -> tuple[str, str]:
-        a = np.array(runs.by_seed(label))
+    def ended(label, of: Runs = runs) -> tuple[str, str]:
+        a = np.array(of.by_seed(label))
         split = seeds_at_chance(a, chance_pct)
         acc = (f"{a.mean():.1f} ± {a.std(ddof=1) if len(a) > 1 else 0.0:.1f} ({len(a)} seeds)"
                + (f" — {split}" if split else ""))
-        e = runs.results[label][0].history[-1].get("epsilon_spent")
+        e = of.results[label][0].history[-1].get("epsilon_spent")
         return acc, (f"{e:.2f}" if e is not None else "none (no valid guarantee)")
+
+    at_paper = {}
+    if paper is not None:
+        for name, label in runs_of.items():
+            if label in paper.results:
+                acc, eps = ended(label, paper)
+                at_paper[name] = f"{acc}, " + ("no epsilon (no valid guarantee)" if eps.startswith("none")
+                                               else f"epsilon {eps}")
 
     rows = []
     for reading in READINGS.values():
@@ -725,14 +740,17 @@ def readings_of_fig2(runs: Runs, cfg: Config, chance_pct: float = 10.0) -> pd.Da
         elif label == RECORD_TUNED_LABEL:
             acc = "not trained yet at this profile"
         rows.append({"reading": reading.name, "protects (relation)": reading.relation,
-                     "guarantee": reading.guarantee, "final accuracy (%)": acc, "epsilon (delta 1e-5)": eps})
+                     "guarantee": reading.guarantee, "final accuracy (%)": acc, "epsilon (delta 1e-5)": eps,
+                     **({AT_PAPER_COLUMN: at_paper.get(reading.name, "not complete yet" if label else "")}
+                        if at_paper else {})})
         if label == RECORD_TUNED_LABEL and RECORD_QUICK_CHOICE_LABEL in runs.results:
             c = runs.results[RECORD_QUICK_CHOICE_LABEL][0].config
             acc, eps = ended(RECORD_QUICK_CHOICE_LABEL)
             name = f"{reading.name} at the quick grid's choice (lr {c.lr:g}, C = {c.dp_clip:g})"
             rows.append({"reading": name,
                          "protects (relation)": reading.relation, "guarantee": reading.guarantee,
-                         "final accuracy (%)": acc, "epsilon (delta 1e-5)": eps})
+                         "final accuracy (%)": acc, "epsilon (delta 1e-5)": eps,
+                         **({AT_PAPER_COLUMN: ""} if at_paper else {})})
     return pd.DataFrame(rows)
 
 
