@@ -715,28 +715,33 @@ def readings_of_fig2(runs: Runs, cfg: Config, chance_pct: float = 10.0,
     runs_of = {READINGS["central"].name: CENTRAL, READINGS["record"].name: RECORD_TUNED_LABEL,
                READINGS["formula"].name: FORMULA}
 
-    def ended(label, of: Runs = runs) -> tuple[str, str]:
+    def ended(label, of: Runs = runs) -> tuple[str, float | None]:
+        """The final accuracy of ``label``'s seeds in words, and the epsilon it spent (None: no valid
+        guarantee)."""
         a = np.array(of.by_seed(label))
         split = seeds_at_chance(a, chance_pct)
         acc = (f"{a.mean():.1f} ± {a.std(ddof=1) if len(a) > 1 else 0.0:.1f} ({len(a)} seeds)"
                + (f" — {split}" if split else ""))
-        e = of.results[label][0].history[-1].get("epsilon_spent")
-        return acc, (f"{e:.2f}" if e is not None else "none (no valid guarantee)")
+        return acc, of.results[label][0].history[-1].get("epsilon_spent")
+
+    def eps_words(e: float | None) -> str:
+        return f"{e:.2f}" if e is not None else "none (no valid guarantee)"
 
     at_paper = {}
     if paper is not None:
         for name, label in runs_of.items():
             if label in paper.results:
-                acc, eps = ended(label, paper)
-                at_paper[name] = f"{acc}, " + ("no epsilon (no valid guarantee)" if eps.startswith("none")
-                                               else f"epsilon {eps}")
+                acc, e = ended(label, paper)
+                at_paper[name] = f"{acc}, " + ("no epsilon (no valid guarantee)" if e is None
+                                               else f"epsilon {e:.2f}")
 
     rows = []
     for reading in READINGS.values():
         label = runs_of.get(reading.name)
         acc, eps = "no runs (analytic: the central reading's noise times sqrt(m))", ""
         if label in runs.results:
-            acc, eps = ended(label)
+            acc, e = ended(label)
+            eps = eps_words(e)
         elif label == RECORD_TUNED_LABEL:
             acc = "not trained yet at this profile"
         rows.append({"reading": reading.name, "protects (relation)": reading.relation,
@@ -745,7 +750,8 @@ def readings_of_fig2(runs: Runs, cfg: Config, chance_pct: float = 10.0,
                         if at_paper else {})})
         if label == RECORD_TUNED_LABEL and RECORD_QUICK_CHOICE_LABEL in runs.results:
             c = runs.results[RECORD_QUICK_CHOICE_LABEL][0].config
-            acc, eps = ended(RECORD_QUICK_CHOICE_LABEL)
+            acc, e = ended(RECORD_QUICK_CHOICE_LABEL)
+            eps = eps_words(e)
             name = f"{reading.name} at the quick grid's choice (lr {c.lr:g}, C = {c.dp_clip:g})"
             rows.append({"reading": name,
                          "protects (relation)": reading.relation, "guarantee": reading.guarantee,
