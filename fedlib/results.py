@@ -81,15 +81,20 @@ def write_json_unless_stamps_only(path: Path, payload: dict, stamps: tuple[str, 
     """Write ``payload`` as JSON to ``path`` (atomically) unless the file there already holds the
     same payload apart from the top-level ``stamps`` (keys that only say when, where or at which
     commit it was written, such as a build's commit and time): then the file, and the repository
-    holding it, stay as they are. Returns whether it wrote."""
+    holding it, stay as they are. One exception: a file stamped at a ``commit`` with uncommitted
+    changes ("-dirty") is rewritten by a build at a clean commit, so that what it holds names a
+    commit a reader can check out and rebuild it from. Returns whether it wrote."""
     if path.exists():
         try:
             old = json.loads(path.read_text())
         except (OSError, ValueError):
             old = None
         new = json.loads(json.dumps(payload))  # as it would read back (tuples as lists)
-        if isinstance(old, dict) and ({k: v for k, v in old.items() if k not in stamps}
-                                      == {k: v for k, v in new.items() if k not in stamps}):
+        cleaned = ("commit" in stamps and isinstance(old, dict)
+                   and str(old.get("commit", "")).endswith("-dirty")
+                   and not str(new.get("commit", "")).endswith("-dirty"))
+        if isinstance(old, dict) and not cleaned and ({k: v for k, v in old.items() if k not in stamps}
+                                                      == {k: v for k, v in new.items() if k not in stamps}):
             return False
     atomic_write_bytes(path, json.dumps(payload, indent=1).encode())
     return True

@@ -202,6 +202,15 @@ def test_a_rewrite_that_changes_only_stamps_leaves_the_file_as_it_was(tmp_path):
     assert json.loads(path.read_text())["findings"] == [["x", 1.6]]
     path.write_text("{not json")  # a damaged file is replaced, not trusted
     assert write_json_unless_stamps_only(path, first, stamps=("commit", "time"))
+    # a file stamped at a dirty tree takes a clean commit's stamp once (then stays), never the reverse
+    assert not write_json_unless_stamps_only(path, {**first, "commit": "c" * 40 + "-dirty"},
+                                             stamps=("commit", "time"))
+    path.write_text(json.dumps({**first, "commit": "c" * 40 + "-dirty"}))
+    assert not write_json_unless_stamps_only(path, {**first, "commit": "d" * 40 + "-dirty"},
+                                             stamps=("commit", "time"))
+    assert write_json_unless_stamps_only(path, {**first, "commit": "e" * 40}, stamps=("commit", "time"))
+    assert json.loads(path.read_text())["commit"] == "e" * 40
+    assert not write_json_unless_stamps_only(path, {**first, "commit": "f" * 40}, stamps=("commit", "time"))
 
 
 def test_a_run_whose_loss_explodes_is_diverged_even_when_finite():
