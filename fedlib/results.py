@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,13 +78,16 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-def write_json_unless_stamps_only(path: Path, payload: dict, stamps: tuple[str, ...]) -> bool:
+def write_json_unless_stamps_only(path: Path, payload: dict, stamps: tuple[str, ...],
+                                  compare: dict[str, Callable[[Any], Any]] | None = None) -> bool:
     """Write ``payload`` as JSON to ``path`` (atomically) unless the file there already holds the
     same payload apart from the top-level ``stamps`` (keys that only say when, where or at which
     commit it was written, such as a build's commit and time): then the file, and the repository
     holding it, stay as they are. One exception: a file stamped at a ``commit`` with uncommitted
     changes ("-dirty") is rewritten by a build at a clean commit, so that what it holds names a
-    commit a reader can check out and rebuild it from. Returns whether it wrote."""
+    commit a reader can check out and rebuild it from. ``compare``: top-level key -> what of its value
+    counts (for example the keys of a dict of timings, whose values are measurement noise). Returns
+    whether it wrote."""
     if path.exists():
         try:
             old = json.loads(path.read_text())
@@ -93,8 +97,11 @@ def write_json_unless_stamps_only(path: Path, payload: dict, stamps: tuple[str, 
         cleaned = ("commit" in stamps and isinstance(old, dict)
                    and str(old.get("commit", "")).endswith("-dirty")
                    and not str(new.get("commit", "")).endswith("-dirty"))
-        if isinstance(old, dict) and not cleaned and ({k: v for k, v in old.items() if k not in stamps}
-                                                      == {k: v for k, v in new.items() if k not in stamps}):
+        def kept(d: dict) -> dict:
+            return {k: (compare[k](v) if compare and k in compare else v)
+                    for k, v in d.items() if k not in stamps}
+
+        if isinstance(old, dict) and not cleaned and kept(old) == kept(new):
             return False
     atomic_write_bytes(path, json.dumps(payload, indent=1).encode())
     return True

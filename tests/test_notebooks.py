@@ -75,6 +75,27 @@ def test_a_page_kernel_starts_without_the_unencrypted_transport_warning(tmp_path
 
 
 @pytest.mark.e2e  # executes a page (~12 s): make test-full
+def test_a_rebuild_that_trains_a_pages_small_runs_again_leaves_its_timing_as_it_was(tmp_path):
+    """A page whose small runs are not cached trains them at every build (units of privacy, the
+    teaching page): their seconds differ each time, and a rebuild must still leave git clean (issue
+    41); a page whose set of runs changes is recorded anew."""
+    import json
+
+    from lab.notebooks import record_timing, timings_dir
+
+    def build(runs: dict[str, float]) -> dict:
+        log = tmp_path / "runs.jsonl"
+        log.write_text("".join(json.dumps({"key": k, "cached": False, "duration_s": s,
+                                           "device": "cpu"}) + "\n" for k, s in runs.items()))
+        record_timing("page", 9.0, "quick", log)
+        return json.loads((timings_dir() / "page.json").read_text())
+
+    first = build({"a": 2.8, "b": 60.0})
+    assert build({"a": 4.4, "b": 61.3}) == first  # the same runs, timed again: the file is kept
+    changed = build({"a": 4.4, "c": 70.0})
+    assert changed["run_seconds"] == {"a": 4.4, "c": 70.0} and changed["runs_compute_s"] == 74.4
+
+
 def test_a_rerun_outside_the_book_changes_no_tracked_file(tmp_path, monkeypatch):
     """A rerun with other parameters, as the rerun page says, writes to the scratch folder."""
     monkeypatch.delenv("FEDLIB_RESULTS_DIR", raising=False)
