@@ -97,6 +97,7 @@ def write_json_unless_stamps_only(path: Path, payload: dict, stamps: tuple[str, 
         cleaned = ("commit" in stamps and isinstance(old, dict)
                    and str(old.get("commit", "")).endswith("-dirty")
                    and not str(new.get("commit", "")).endswith("-dirty"))
+
         def kept(d: dict) -> dict:
             return {k: (compare[k](v) if compare and k in compare else v)
                     for k, v in d.items() if k not in stamps}

@@ -74,7 +74,6 @@ def test_a_page_kernel_starts_without_the_unencrypted_transport_warning(tmp_path
         assert "without encryption" not in capfd.readouterr().err
 
 
-@pytest.mark.e2e  # executes a page (~12 s): make test-full
 def test_a_rebuild_that_trains_a_pages_small_runs_again_leaves_its_timing_as_it_was(tmp_path):
     """A page whose small runs are not cached trains them at every build (units of privacy, the
     teaching page): their seconds differ each time, and a rebuild must still leave git clean (issue
@@ -96,6 +95,7 @@ def test_a_rebuild_that_trains_a_pages_small_runs_again_leaves_its_timing_as_it_
     assert changed["run_seconds"] == {"a": 4.4, "c": 70.0} and changed["runs_compute_s"] == 74.4
 
 
+@pytest.mark.e2e  # executes a page (~12 s): make test-full
 def test_a_rerun_outside_the_book_changes_no_tracked_file(tmp_path, monkeypatch):
     """A rerun with other parameters, as the rerun page says, writes to the scratch folder."""
     monkeypatch.delenv("FEDLIB_RESULTS_DIR", raising=False)

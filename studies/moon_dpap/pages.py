@@ -733,7 +733,7 @@ def readings_of_fig2(runs: Runs, cfg: Config, chance_pct: float = 10.0,
             if label in paper.results:
                 acc, e = ended(label, paper)
                 at_paper[name] = f"{acc}, " + ("no epsilon (no valid guarantee)" if e is None
-                                               else f"epsilon {e:.2f}")
+                                               else f"epsilon {eps_words(e)}")
 
     rows = []
     for reading in READINGS.values():
