@@ -26,6 +26,11 @@
     ranges, its provenance present, no name twice; anything wrong is one clear line and nothing is
     added.
 
+``python -m lab.campaign carry save`` / ``carry restore``
+    carry the checkpoints of runs still missing through git (``data/carry/``, :mod:`lab.carry`), so
+    that a run longer than a working period resumes on the next period's machine even when it is a
+    new one; ``run --carry-over`` restores before training and saves after.
+
 ``make paper`` runs one slice (``run --profile paper``); ``bash tools/gpu-slice.sh`` runs a whole
 slice on an offline GPU node.
 """
@@ -67,6 +72,7 @@ from fedlib.results import (
     verify_result,
 )
 from fedlib.run import batch_key, run_many
+from lab import carry
 
 #: Relative cost of one round per training sample, by model and by algorithm (forward/backward
 #: passes per step: MOON and MOON-DPAP run the global and previous models too, Ditto trains two
@@ -533,8 +539,9 @@ def run(profile: str, budget_min: float, root: Path | None = None, engine: str =
 
     A run batch starts only if its estimate fits in what is left of the budget, and the next batches
     that fit are tried instead (right where checkpoints do not outlive the machine: a lent GPU). With
-    ``carry_over`` (a machine that keeps its checkpoint folder, :func:`fedlib.results.checkpoint_dir`), the
-    next batch in claims-first order starts whenever at least :data:`CARRY_OVER_MIN_ROUNDS` of its
+    ``carry_over`` (checkpoints kept in the machine's folder, :func:`fedlib.results.checkpoint_dir`, or
+    carried through git to a new one, :mod:`lab.carry`), the next batch in claims-first order starts
+    whenever at least :data:`CARRY_OVER_MIN_ROUNDS` of its
     rounds fit: at the deadline it checkpoints after the round it is in, and the next ``run`` resumes
     it, so a run longer than any one budget is trained across several.
 
@@ -621,8 +628,8 @@ def checkpoint_line(resumable: int, missing_runs: int, folder: Path, carry_over:
     there, and a budget without ``--carry-over`` only starts runs that finish."""
     line = f"campaign: {resumable} of {missing_runs} missing runs resume from checkpoints in {folder}"
     if carry_over and resumable == 0:
-        line += ("; none found: if this machine is new each working period, leave --carry-over off "
-                 "(a run cut off at the deadline would be lost with the machine)")
+        line += ("; none found (a new machine resumes from the checkpoints a working period carried "
+                 "into data/carry/: `campaign carry save`, then commit them)")
     return line
 
 
@@ -857,6 +864,11 @@ def yield_to_foreground(autogroup: Path = Path("/proc/self/autogroup")) -> int |
     return niceness
 
 
+def _counts(report: dict[str, list[str]]) -> str:
+    return ", ".join(f"{len(v)} {k}" for k, v in report.items()) + "".join(
+        f"\n  refused: {line}" for line in report.get("refused", []))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m lab.campaign",
                                 description=__doc__.splitlines()[0])
@@ -874,15 +886,20 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--steps", type=int, default=None,
                    help="only the first N steps of the claims-first order (plan lists them)")
     r.add_argument("--carry-over", action="store_true",
-                   help="start runs that will not finish within the budget (they checkpoint at its end and "
-                        "the next run on this machine resumes them); without it only runs estimated to "
-                        "finish start, as a lent GPU needs")
+                   help="start runs that will not finish within the budget (they checkpoint at its end, are "
+                        "carried into data/carry/, and the next run resumes them, on this machine or on a "
+                        "new one once data/carry/ is committed); without it only runs estimated to finish "
+                        "start, as a lent GPU needs")
     r.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="on a GPU, replay the vectorized step as a CUDA graph (fedlib.graphs; default on)")
     pk = sub.add_parser("pack", help="archive the result files git does not track yet")
     pk.add_argument("--out", type=Path, required=True)
     up = sub.add_parser("unpack", help="check and add result archives to data/results")
     up.add_argument("archives", nargs="+", type=Path)
+    ca = sub.add_parser("carry", help="carry checkpoints of unfinished runs through git (data/carry/)")
+    ca.add_argument("action", choices=["save", "restore"],
+                    help="save: checkpoint folder -> data/carry/ (commit it); restore: data/carry/ -> "
+                         "checkpoint folder (run --carry-over does both)")
     args = p.parse_args(argv)
 
     try:
@@ -898,10 +915,18 @@ def main(argv: list[str] | None = None) -> int:
                 p.error("--max-batch must be >= 1")
             set_kernel_options(cuda_graphs=args.cuda_graphs)
             yield_to_foreground()
-            print(json.dumps(run(args.profile, args.budget_min, engine=args.engine, max_batch=args.max_batch,
-                                 pages=args.pages, n_seeds=args.seeds, steps=args.steps,
-                                 carry_over=args.carry_over)))
+            if args.carry_over:  # a new machine resumes what the last working period carried
+                print(f"carry restore: {_counts(carry.restore())}", file=sys.stderr)
+            report = run(args.profile, args.budget_min, engine=args.engine, max_batch=args.max_batch,
+                         pages=args.pages, n_seeds=args.seeds, steps=args.steps, carry_over=args.carry_over)
+            if args.carry_over:
+                print(f"carry save: {_counts(carry.save())} (commit data/carry/)", file=sys.stderr)
+            print(json.dumps(report))
             return 0
+        if args.command == "carry":
+            report = carry.save() if args.action == "save" else carry.restore()
+            print(json.dumps(report, indent=1))
+            return 1 if report["refused"] else 0
         if args.command == "pack":
             files = untracked_results()
             archives = pack(files, args.out)

@@ -174,13 +174,13 @@ def test_carry_over_starts_a_run_longer_than_the_budget_when_two_of_its_rounds_f
 
 def test_the_checkpoint_line_warns_only_when_carry_over_finds_nothing_to_resume(tmp_path):
     """A machine that is new each working period keeps no checkpoint: with ``carry_over`` on and none
-    found, the line says that a run cut off at the deadline would be lost; otherwise it only counts."""
+    found, the line says how a new machine resumes (data/carry/); otherwise it only counts."""
     warned = campaign.checkpoint_line(0, 5, tmp_path, carry_over=True)
     assert warned.startswith(f"campaign: 0 of 5 missing runs resume from checkpoints in {tmp_path}")
-    assert "--carry-over off" in warned
+    assert "data/carry/" in warned and "carry save" in warned
     for line in (campaign.checkpoint_line(0, 5, tmp_path, carry_over=False),
                  campaign.checkpoint_line(2, 5, tmp_path, carry_over=True)):
-        assert "--carry-over" not in line
+        assert "carry" not in line
 
 
 def test_run_batches_resume_checkpointed_runs_first_and_never_mix_ages(tmp_path, monkeypatch):
@@ -575,12 +575,16 @@ def test_every_claim_settled_at_paper_is_graded_there_by_its_page():
             assert "show_settled_beyond(" in text, (page, row["claim"])
 
 
-def test_campaign_run_passes_carry_over(monkeypatch):
+def test_campaign_run_passes_carry_over_and_carries_checkpoints_only_then(monkeypatch):
+    """``--carry-over`` restores data/carry/ before training and saves into it after (lab.carry); a run
+    without it leaves data/carry/ alone."""
     seen = []
     monkeypatch.setattr(campaign, "run", lambda *a, **k: seen.append(k["carry_over"]) or {})
+    monkeypatch.setattr(campaign.carry, "restore", lambda: seen.append("restore") or {"restored": []})
+    monkeypatch.setattr(campaign.carry, "save", lambda: seen.append("save") or {"carried": []})
     for flag in ([], ["--carry-over"]):
         assert campaign.main(["run", "--profile", "smoke", "--budget-min", "1", *flag]) == 0
-    assert seen == [False, True]
+    assert seen == [False, "restore", True, "save"]
 
 
 def test_measured_against_estimate_compares_the_device_s_results_with_their_estimates(pages, tmp_path,
