@@ -144,6 +144,9 @@ class Trainee:
         self.resumed_engine: str | None = None
         #: The engine path training this run now (written into its checkpoints).
         self.path = path
+        #: The stretches of rounds trained before this run's checkpoint, oldest first, each
+        #: ``{"from_round", "to_round", "commit", "engine"}`` (:meth:`trained_in`); empty: not resumed.
+        self.earlier: list[dict] = []
         self.ckpt = checkpoint_path(config, root)
         self.out = result_path(config, root)
         if self.ckpt.exists() and not force:
@@ -169,9 +172,14 @@ class Trainee:
             self.history, self.first_round = list(saved["history"]), int(saved["next_round"])
             self.resumed_commit = saved.get("commit")
             self.resumed_engine = saved.get("engine")
+            # checkpoints written before 2026-11-30 name only their last writer, not where it started
+            self.earlier = [dict(s) for s in saved.get("trained_in") or
+                            [{"from_round": None, "to_round": self.first_round,
+                              "commit": self.resumed_commit, "engine": self.resumed_engine}]]
         except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: start again, keep the file
             self.exp = Experiment(self.config, dev)
-            self.history, self.first_round = [], 0
+            self.history, self.first_round, self.earlier = [], 0, []
+            self.resumed_commit = self.resumed_engine = None
             first = (str(e).splitlines() or [""])[0][:120]
             set_aside(self.ckpt, f"checkpoint not loaded: {type(e).__name__}: {first}")
 
@@ -192,12 +200,21 @@ class Trainee:
             self.checkpoint(t + 1)
         return rec
 
+    def trained_in(self, to_round: int) -> list[dict]:
+        """Which code trained which rounds, up to ``to_round``: the stretches before this run's
+        checkpoint and this process's, from its first round (``from_round`` inclusive, ``to_round``
+        exclusive, 0-based; a stretch from a checkpoint that did not record its start has
+        ``from_round`` None)."""
+        return [*self.earlier, {"from_round": self.first_round, "to_round": to_round,
+                                "commit": code_commit(), "engine": self.path}]
+
     def checkpoint(self, next_round: int) -> None:
-        """Save the state to resume from round ``next_round`` (atomically, with a digest of its tensors)."""
+        """Save the state to resume from round ``next_round`` (atomically, with a digest of its tensors
+        and the stretches of rounds each commit trained, :meth:`trained_in`)."""
         state = self.exp.state_dict()
         atomic_torch_save({"state": state, "digest": state_digest(state), "history": self.history,
                            "next_round": next_round, "config_key": self.config.key(), "commit": code_commit(),
-                           "engine": self.path}, self.ckpt)
+                           "engine": self.path, "trained_in": self.trained_in(next_round)}, self.ckpt)
 
     def save(self, dev: torch.device, path: str, start: float, root: Path, extra: dict) -> Result:
         """Write the finished run's result (history, provenance, privacy statement) and its model; the
@@ -210,6 +227,8 @@ class Trainee:
                 # the paths may round differently: a run resumed on another path says which trained first
                 **({"resumed_from_engine": self.resumed_engine} if self.first_round and self.resumed_engine
                    else {}),
+                # a resumed run's whole chain: which commit and engine trained which rounds
+                **({"trained_in": self.trained_in(config.rounds_run)} if self.first_round else {}),
                 "duration_s": time.time() - start + elapsed_before,
                 "train_samples": int(len(exp.data.y_train)), "test_samples": int(len(exp.data.y_test)),
                 "client_sizes": [len(p) for p in exp.parts], "diverged": diverged(self.history),

@@ -11,7 +11,7 @@ read as tensors and plain data only, its digest checked (:func:`fedlib.run.state
 carried and before it is restored, and the run that resumes from it checks its config key and layout
 again (:class:`fedlib.run.Trainee`). A carried checkpoint whose result has landed is removed by the
 next ``save``; a resumed result records the commit the checkpoint was written at
-(``resumed_from_commit``).
+(``resumed_from_commit``) and which commit and engine trained which rounds (``trained_in``).
 """
 
 from __future__ import annotations

@@ -178,6 +178,41 @@ def test_a_resumed_run_records_the_commit_that_checkpointed_it(tmp_path, monkeyp
     assert resumed.meta["resumed_from_engine"] == resumed.meta["engine"]
 
 
+def test_a_run_resumed_twice_records_which_commit_and_engine_trained_which_rounds(tmp_path, monkeypatch):
+    """A paper run can span three working periods at three commits: its result names each stretch of
+    rounds with the commit and engine that trained it, not only the last resume."""
+    run_mod = sys.modules["fedlib.run"]  # the package's ``run`` is the function
+
+    monkeypatch.setattr(run_mod, "code_commit", lambda: "a" * 40)
+    _interrupted_run(monkeypatch, 1, root=tmp_path, engine="vectorized", device="cpu")
+    monkeypatch.setattr(run_mod, "code_commit", lambda: "b" * 40)
+    _interrupted_run(monkeypatch, 3, root=tmp_path, engine="sequential", device="cpu")
+    monkeypatch.setattr(run_mod, "code_commit", lambda: "c" * 40)
+    done = run(CFG, root=tmp_path, progress=False, checkpoint_every=1, engine="sequential", device="cpu")
+    assert done.meta["trained_in"] == [
+        {"from_round": 0, "to_round": 1, "commit": "a" * 40, "engine": "vectorized"},
+        {"from_round": 1, "to_round": 3, "commit": "b" * 40, "engine": "sequential"},
+        {"from_round": 3, "to_round": 4, "commit": "c" * 40, "engine": "sequential"}]
+    assert done.meta["resumed_from_commit"] == "b" * 40
+    from fedlib.privacy.guarantee import classify_meta
+
+    assert "trained_in" in classify_meta(done.meta)["public_meta"]  # provenance, nothing about the data
+    assert "trained_in" not in run(CFG.replace(rounds=1), root=tmp_path, progress=False).meta  # not resumed
+
+
+def test_a_checkpoint_from_before_the_chain_names_its_writer_with_an_unknown_start(tmp_path, monkeypatch):
+    """Checkpoints written before ``trained_in`` existed record only the commit that wrote them."""
+    _interrupted_run(monkeypatch, 2, root=tmp_path)
+    ckpt = checkpoint_path(CFG, tmp_path)
+    saved = torch.load(ckpt, weights_only=True)
+    del saved["trained_in"]
+    torch.save({**saved, "commit": "d" * 40}, ckpt)
+    done = run(CFG, root=tmp_path, progress=False, checkpoint_every=1)
+    assert done.meta["trained_in"][0] == {"from_round": None, "to_round": 2, "commit": "d" * 40,
+                                          "engine": done.meta["engine"]}
+    assert done.meta["trained_in"][1]["from_round"] == 2
+
+
 def test_a_run_resumed_on_another_engine_path_says_which_trained_first(tmp_path, monkeypatch):
     """The engine paths round differently, so a run checkpointed on one and finished on another
     records both: ``engine`` (the last) and ``resumed_from_engine``."""

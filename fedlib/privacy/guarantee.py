@@ -73,7 +73,8 @@ def is_released(metric: str) -> bool:
 #: bookkeeping (hashes, migrations, engines).
 PUBLIC_META = frozenset({
     "device", "engine", "torch", "numpy", "python", "platform", "cpu", "cpu_threads", "git_commit", "seed",
-    "config_key", "resumed_from_round", "resumed_from_commit", "resumed_from_engine", "duration_s",
+    "config_key", "resumed_from_round", "resumed_from_commit", "resumed_from_engine", "trained_in",
+    "duration_s",
     "train_samples", "test_samples", "data_sha256",
     "reproducible", "privacy", "run_batch", "content_sha256", "migrated_from", "flower",
     "kernels", "collapse",
