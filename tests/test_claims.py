@@ -698,6 +698,30 @@ def test_moon_dpap_fig2_is_graded_under_each_reading():
         assert "record-level DP-SGD: not trained yet at paper" in pending.ours
 
 
+def test_the_formulas_cost_is_attributed_to_its_clip_or_its_noise():
+    """Issue 74 item 2: with the formula's noise-off control (same clip, no noise), the DP-cost row
+    splits the formula's gap into the clip's part and the noise's, paired by seed, and its reason names
+    the part that costs the points: the clip where the control already loses them, the noise where the
+    control keeps the no-DP accuracy."""
+    from studies.moon_dpap import claims as mc
+    from studies.moon_dpap import pages as mp
+
+    base = {"moon_dpap": [86.0, 86.5, 86.2], mp.CENTRAL: [10.0, 10.2, 9.9],
+            mp.RECORD_TUNED_LABEL: [80.0, 80.5, 79.8], mp.FORMULA: [79.2, 79.6, 79.4]}
+    clip_costs = mc._fig2_rules(_runs({**base, mp.FORMULA_NOISE_OFF: [79.4, 79.7, 79.5]}),
+                                "paper", 8.0, 10.0, 250.0, 20)[mc.DP_COST]()
+    assert "the clip alone (no noise) 6.70 pts" in clip_costs.ours, clip_costs.ours
+    assert "the noise on top 0.13 pts" in clip_costs.ours, clip_costs.ours
+    assert clip_costs.reason.endswith("under the formula in circulation, of those points the clip alone "
+                                      "accounts for 98 %: the per-sample clip costs them, not the noise "
+                                      "of eq. 4"), clip_costs.reason
+    noise_costs = mc._fig2_rules(_runs({**base, mp.FORMULA_NOISE_OFF: [85.5, 86.0, 86.1]}),
+                                 "paper", 8.0, 10.0, 250.0, 20)[mc.DP_COST]()
+    assert noise_costs.reason.endswith("the noise of eq. 4 costs most of them, the clip the rest")
+    without = mc._fig2_rules(_runs(base), "paper", 8.0, 10.0, 250.0, 20)[mc.DP_COST]()
+    assert "clip alone" not in without.ours + without.reason  # no control, no attribution
+
+
 def test_seeds_that_split_between_chance_and_learning_are_named():
     """A reading whose seeds split (some collapse to chance, some learn) shows its seeds: its mean and
     interval describe no run. Seeds that all learn, or all end at chance, add nothing."""

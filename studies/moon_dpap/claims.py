@@ -293,7 +293,14 @@ def _fig2_rules(runs: Runs, profile: str, eps_total: float, untrained_pct: float
                 for reading, label in ((CENTRAL, CENTRAL_RUNS), (RECORD, RECORD_TUNED_LABEL),
                                        (FORMULA, FORMULA_RUNS))
                 if label in runs.results or label == RECORD_TUNED_LABEL]
-        return c.by_readings(DP_COST, rows)
+        f = c.by_readings(DP_COST, rows)
+        if FORMULA_RUNS in runs.results and FORMULA_NOISE_OFF in runs.results:
+            # the row's reason names what its own control measures (issue 74 item 2): under the formula
+            # the points may be the per-sample clip's, not eq. 4's noise
+            split = attribution_reason(runs.by_seed("moon_dpap"), runs.by_seed(FORMULA_NOISE_OFF),
+                                       runs.by_seed(FORMULA_RUNS))
+            f = Finding(f.claim, f.ours, f.verdict, f"{f.reason}; under {FORMULA.name}, {split}")
+        return f
 
     return {WITH_DP: with_dp, **rows,
             readable_claim("client-level"): lambda: reachable("client", "client-level"),
