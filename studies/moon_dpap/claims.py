@@ -273,7 +273,8 @@ def _fig2_rules(runs: Runs, profile: str, eps_total: float, untrained_pct: float
                   if isinstance(label, tuple) and len(label) == 2 and label[0] == reading}
         return c.reachable(readable_claim(name), level, by_eps, profile, ACC_TOLERANCE)
 
-    def cost_of(label) -> Finding:
+    def cost_of(label) -> tuple[Finding, str]:
+        """One reading's DP-cost row, and what the row's reason should add about it ("" for nothing)."""
         dp, no_dp = runs.by_seed(label), runs.by_seed("moon_dpap")
         f = c.gap(DP_COST, 6.6, no_dp, dp, profile, 3.0, cut=cut(profile))
         split = c.seeds_at_chance(dp, CHANCE)  # a gap to a mean over collapsed and learning seeds
@@ -281,26 +282,25 @@ def _fig2_rules(runs: Runs, profile: str, eps_total: float, untrained_pct: float
             each = ", ".join(f"{g:.1f}" for g in no_dp - dp)
             return Finding(DP_COST, f"gap per seed {each} pts; {split}", c.Verdict.INCONCLUSIVE,
                            "the seeds split between chance and learning: an interval over them measures no "
-                           "cost of DP, only which seeds collapsed")
+                           "cost of DP, only which seeds collapsed"), ""
         if label == FORMULA_RUNS and FORMULA_NOISE_OFF in runs.results:
-            clip_only = runs.by_seed(FORMULA_NOISE_OFF)
-            return Finding(f.claim, f"{f.ours}; {attribution(no_dp, clip_only, dp)}", f.verdict,
-                           f"{f.reason}; {attribution_reason(no_dp, clip_only, dp)}")
-        return f
+            # the formula's noise-off control splits its cost into the clip's and the noise's (issue 74
+            # item 2); the row's reason names the part that costs the points
+            parts = no_dp, runs.by_seed(FORMULA_NOISE_OFF), dp
+            return (Finding(f.claim, f"{f.ours}; {attribution(*parts)}", f.verdict, f.reason),
+                    f"under {FORMULA.name}, {attribution_reason(*parts)}")
+        return f, ""
 
     def cost() -> Finding:
-        rows = [(reading, cost_of(label) if label in runs.results else pending(DP_COST))
-                for reading, label in ((CENTRAL, CENTRAL_RUNS), (RECORD, RECORD_TUNED_LABEL),
-                                       (FORMULA, FORMULA_RUNS))
-                if label in runs.results or label == RECORD_TUNED_LABEL]
-        f = c.by_readings(DP_COST, rows)
-        if FORMULA_RUNS in runs.results and FORMULA_NOISE_OFF in runs.results:
-            # the row's reason names what its own control measures (issue 74 item 2): under the formula
-            # the points may be the per-sample clip's, not eq. 4's noise
-            split = attribution_reason(runs.by_seed("moon_dpap"), runs.by_seed(FORMULA_NOISE_OFF),
-                                       runs.by_seed(FORMULA_RUNS))
-            f = Finding(f.claim, f.ours, f.verdict, f"{f.reason}; under {FORMULA.name}, {split}")
-        return f
+        graded = [(reading, cost_of(label) if label in runs.results else (pending(DP_COST), ""))
+                  for reading, label in ((CENTRAL, CENTRAL_RUNS), (RECORD, RECORD_TUNED_LABEL),
+                                         (FORMULA, FORMULA_RUNS))
+                  if label in runs.results or label == RECORD_TUNED_LABEL]
+        f = c.by_readings(DP_COST, [(reading, row) for reading, (row, _) in graded])
+        notes = [note for _, (_, note) in graded if note]
+        if not notes or f.verdict is c.Verdict.NOT_EVALUATED:
+            return f
+        return Finding(f.claim, f.ours, f.verdict, "; ".join([f.reason, *notes]))
 
     return {WITH_DP: with_dp, **rows,
             readable_claim("client-level"): lambda: reachable("client", "client-level"),
