@@ -275,6 +275,18 @@ def test_moon_dpap_fig1_rules():
     assert all(x.verdict in (V.NOT_EVALUATED, V.SANITY) for x in smoke)
 
 
+def test_ditto_sanity_is_measured():
+    """Ditto's global model is compared with FedAvg's seed by seed: rounding passes, a real gap fails."""
+    from studies.moon_dpap import claims as mc
+
+    rounding = mc.ditto_sanity(_runs({"fedavg": [88.56, 87.44], "ditto": [88.53, 87.41]}), 91.1)
+    assert rounding.verdict is V.SANITY and "within 0.03 points" in rounding.ours
+    apart = mc.ditto_sanity(_runs({"fedavg": [88.5, 87.4], "ditto": [88.5, 85.0]}), 91.1)
+    assert apart.verdict is V.NOT_REPRODUCED and "2.40" in apart.ours
+    alone = mc.ditto_sanity(_runs({"ditto": [88.5]}), 91.1)
+    assert alone.verdict is V.SANITY and "91.1" in alone.ours
+
+
 #: Frontiers of the two readings of Fig. 2's DP: client-level at chance up to epsilon 10,
 #: record-level near the paper's level from epsilon 3 on.
 READINGS = {

@@ -167,14 +167,34 @@ def _fig1_rules(runs: Runs, profile: str) -> dict:
     }
 
 
+#: Ditto's global model computes FedAvg's update; only floating-point rounding (a different sequence
+#: of kernels per round) separates the two, and that stays far below the spread between seeds (about a
+#: point at 200 rounds). A final gap beyond this many points means the two no longer train alike.
+DITTO_ROUNDING_PTS = 1.0
+
+
+def ditto_sanity(runs: Runs, personal_acc: float) -> Finding:
+    """Ditto's global model against FedAvg's on the same seeds (Li et al. 2021, Alg. 1: the global
+    model is FedAvg's), measured rather than assumed; its personal models are the informative number."""
+    claim = "Ditto is close to FedAvg"
+    personal = f"personalised accuracy {personal_acc:.1f} %"
+    if not {"ditto", "fedavg"} <= set(runs.results):
+        return c.sanity(claim, personal, "Ditto's global model trains as FedAvg's (no FedAvg runs here to "
+                        "compare it with); its personal models are the informative number")
+    ditto, fedavg = runs.by_seed("ditto"), runs.by_seed("fedavg")
+    n = min(len(ditto), len(fedavg))
+    gap = float(np.max(np.abs(ditto[:n] - fedavg[:n]))) if n else float("nan")
+    ours = f"global model within {gap:.2f} points of FedAvg's on each of {n} seeds; {personal}"
+    if not gap <= DITTO_ROUNDING_PTS:
+        return c.failure(claim, ours, f"Ditto's global model should train as FedAvg's up to rounding; a gap "
+                         f"above {DITTO_ROUNDING_PTS:g} point means they no longer do")
+    return c.sanity(claim, ours, "Ditto's global model trains as FedAvg's, so it equals FedAvg up to "
+                    "floating-point rounding; its personal models are the informative number")
+
+
 def fig1(runs: Runs, profile: str, personal_acc: float) -> list[Finding]:
     rules = _fig1_rules(runs, profile)
-    ditto = c.sanity(
-        "Ditto is close to FedAvg",
-        f"global model identical to FedAvg's; personalised accuracy {personal_acc:.1f} %",
-        "Ditto's global model trains exactly as FedAvg's, so it equals FedAvg by construction; "
-        "its personal models are the informative number",
-    )
+    ditto = ditto_sanity(runs, personal_acc)
     return [rules[REACHES](), rules[BEST](), rules[ABOVE_FEDAVG](), rules[fedavg_level_at(0.5)](),
             rules[MOON_CLOSE](), ditto, rules[SCAFFOLD_LOW]()]
 
