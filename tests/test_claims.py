@@ -541,6 +541,36 @@ def test_a_claim_graded_in_two_federations_counts_once(tmp_path):
     assert counts["total"] == 1 and counts["not reproduced"] == 1
 
 
+def test_the_matched_learning_rate_row_is_context_of_the_gap(tmp_path):
+    """Issue 74: Table 2's variant without the cosine learning rate, against FedAvg on the same seeds, is
+    a context sub-row of "4.7 points above FedAvg": shown with its own verdict, never deciding the claim;
+    graded at paper once its runs are complete there, before the rest of Table 2."""
+    from studies import ledger
+    from studies.moon_dpap import claims as mc
+
+    behind = {"no_dynamic_lr": [85.9, 85.1, 84.8], "fedavg": [88.6, 87.4, 87.2]}
+    [row] = mc.table2_settled(_runs(behind), [mc.MATCHED_LR])
+    assert row.part_of == mc.ABOVE and row.role == "context" and row.profile == "paper" and row.seeds == 3
+    assert row.verdict is V.NOT_REPRODUCED and "opposite sign" in row.reason
+    ahead = {"no_dynamic_lr": [92.9, 92.6, 92.1], "fedavg": [88.6, 87.4, 87.2]}
+    assert mc.table2_settled(_runs(ahead), [mc.MATCHED_LR])[0].verdict is V.REPRODUCED
+    one_seed = mc.matched_lr([86.9], [87.4], "paper")
+    assert one_seed.verdict is V.INCONCLUSIVE and "needs 3" in one_seed.reason
+    # on the page, beside Table 2's claims, only where FedAvg's runs are there
+    variants = {k: [80.0, 81.0, 80.5] for k in mc.ABLATION_NAMES}
+    assert mc.MATCHED_LR not in {f.claim for f in mc.table2(_runs(variants), "quick")}
+    page = {f.claim: f for f in mc.table2(_runs({**variants, "fedavg": [79, 80, 79.5]}), "quick")}
+    assert page[mc.MATCHED_LR].role == "context" and len(page) == 5
+    # a context row does not decide: the claim keeps the verdict of its federations
+    fig1 = _runs({"moon_dpap": [86.0, 86.5, 85.9], "fedavg": [87.5, 88.1, 87.6]})
+    ledger.record("moon_dpap_fig1", mc.fig1_settled(fig1, [mc.ABOVE_FEDAVG]), "quick", "MOON-DPAP",
+                  root=tmp_path)
+    ledger.record("moon_dpap_table2", mc.table2_settled(_runs(ahead), [mc.MATCHED_LR]), "quick", "MOON-DPAP",
+                  root=tmp_path)
+    parent = ledger.collect(tmp_path).query("claim == @mc.ABOVE")
+    assert len(parent) == 1 and parent["verdict"].iloc[0] is V.NOT_REPRODUCED
+
+
 def test_the_ledger_keeps_a_dirty_commit(tmp_path):
     """Issue 74: a verdict recorded from a modified tree says so; the ledger used to cut it to 7
     characters, hiding "-dirty"."""
