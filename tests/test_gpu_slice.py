@@ -51,8 +51,8 @@ def test_gpu_slice_runs_end_to_end_and_its_results_unpack(tmp_path, bundle):
     assert summary["steps"]["tests"]["rc"] == 0 and summary["steps"]["bench"]["rc"] == 0
     assert summary["steps"]["bench-2"]["rc"] == 0
     assert "--kernel-profile" in summary["steps"]["bench-2"]["command"]
-    # moon_dpap_table2: 5 variants; dpfl_claim3: 6 memorising and 5 learning federations, 1 seed
-    assert summary["steps"]["campaign"]["still missing"] == 0 and summary["results"] == 16
+    # moon_dpap_table2: 5 variants and FedAvg; dpfl_claim3: 6 memorising and 5 learning federations, 1 seed
+    assert summary["steps"]["campaign"]["still missing"] == 0 and summary["results"] == 17
     # the benchmark and the kernel profile, each under its own name
     bench_file, profile_file = summary["steps"]["bench"]["file"], summary["steps"]["bench-2"]["file"]
     assert bench_file.startswith("cpu-") and profile_file.endswith("-kernel-profile.json")
@@ -62,7 +62,7 @@ def test_gpu_slice_runs_end_to_end_and_its_results_unpack(tmp_path, bundle):
     # the connected machine: checked, then added (results and their membership-audit losses)
     report = campaign.unpack(sorted(out.glob("results-*.tgz")), root=tmp_path / "home")
     audits = [n for n in report["added"] if n.startswith("audits/")]
-    assert len(report["added"]) == 16 + 11 and len(audits) == 11
+    assert len(report["added"]) == 17 + 11 and len(audits) == 11
     assert (tmp_path / "raw" / "MNIST" / "raw" / "train-images-idx3-ubyte").exists()
 
 
