@@ -42,6 +42,8 @@ def svg(width: int) -> str:
     return SVG.replace('width="4" height="4">', f'width="{width}" height="10">')
 
 
+# ~20 s (Chromium renders eight pages): make test-full; the check of broken words below stays in make test
+@pytest.mark.e2e
 def test_browser_check_passes_a_good_page_and_flags_a_bad_one(tmp_path):
     (tmp_path / "index.html").write_text(GOOD)
     (tmp_path / "other.html").write_text(GOOD)

@@ -47,6 +47,8 @@ def test_total_minutes_counts_each_distinct_configuration_once(pages, tmp_path, 
     assert n_left == 2 and left == pytest.approx(whole - campaign.estimate_s(TINY, 1e-3) / 60)
 
 
+# ~13 s (two campaigns): make test-full; campaign.run trains in make test through the tests below
+@pytest.mark.heavy
 def test_run_trains_the_missing_and_then_nothing(pages, tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_RESULTS_DIR", str(tmp_path))
     out = campaign.run("smoke", budget_min=30, root=tmp_path, progress=False)
